@@ -1,0 +1,98 @@
+#pragma once
+//! \file
+//! The packed message: qcoll's wire format for n elements of a block format F.
+//!
+//! ```
+//! offset 0                 header (16 bytes, MessageHeader)
+//! offset 16                message meta (F::message_meta_bytes, padded to 16; absent when 0)
+//! codes_offset(n)          codes of all blocks, block after block (padded to 16)
+//! metas_offset(n)          per-block scale data, F::meta_bytes each (padded to 16)
+//! bytes(n)                 end
+//! ```
+//! One buffer carries codes and scales together, so one collective moves a whole message. Padding
+//! codes of the tail block are zero bits; padding bytes are zero. docs/formats.md has the details.
+
+#include <cstddef>
+#include <cstdint>
+
+#include "../core/error.hpp"
+#include "format.hpp"
+
+QCOLL_NAMESPACE_BEGIN
+
+//! Header flag: some input element was NaN or ±Inf (its block decodes to NaN).
+constexpr std::uint32_t kFlagNonFinite = 1u;
+
+//! Magic number of a message header ("qC" little-endian).
+constexpr std::uint16_t kMessageMagic = 0x4371;
+
+//! The 16-byte header at the start of every message.
+struct MessageHeader {
+  std::uint16_t magic;      //!< kMessageMagic
+  std::uint8_t format;      //!< FormatId
+  std::uint8_t log2_block;  //!< log2 of the block size
+  std::uint32_t flags;      //!< kFlag* bits
+  std::uint64_t count;      //!< number of elements
+};
+static_assert(sizeof(MessageHeader) == 16, "the message header is 16 bytes");
+
+//! Rounds n up to a multiple of 16.
+QCOLL_HOST_DEVICE constexpr std::size_t align16(std::size_t n) {
+  return (n + 15) & ~static_cast<std::size_t>(15);
+}
+
+//! log2 of a power of two.
+QCOLL_HOST_DEVICE constexpr unsigned log2_exact(std::size_t n) { return n <= 1 ? 0 : 1 + log2_exact(n >> 1); }
+
+//! Byte layout of a message of F. All functions O(1), host and device.
+template <class F>
+struct MessageLayout {
+  //! Number of blocks for n elements: ceil(n / block).
+  QCOLL_HOST_DEVICE static constexpr std::size_t blocks(std::size_t n) {
+    return (n + F::block - 1) / F::block;
+  }
+  //! Bytes of codes in one block.
+  static constexpr std::size_t block_code_bytes = F::block * F::code_bits / 8;
+  //! Offset of the message meta (NVFP4's tensor scale).
+  static constexpr std::size_t message_meta_offset = sizeof(MessageHeader);
+  //! Offset of the first block's codes.
+  static constexpr std::size_t codes_offset = sizeof(MessageHeader) + align16(F::message_meta_bytes);
+  //! Offset of the first block's meta bytes.
+  QCOLL_HOST_DEVICE static constexpr std::size_t metas_offset(std::size_t n) {
+    return codes_offset + align16(blocks(n) * block_code_bytes);
+  }
+  //! Total message bytes for n elements.
+  QCOLL_HOST_DEVICE static constexpr std::size_t bytes(std::size_t n) {
+    return metas_offset(n) + align16(blocks(n) * F::meta_bytes);
+  }
+};
+
+static_assert(sizeof(std::size_t) == 8, "qcoll needs a 64-bit size_t");
+
+//! Total bytes of a packed message of n elements in format F (header, codes, scales). O(1).
+template <class F>
+QCOLL_HOST_DEVICE constexpr std::size_t packed_bytes(std::size_t n) {
+  return MessageLayout<F>::bytes(n);
+}
+
+//! The header a message of n elements of F starts with (flags clear).
+template <class F>
+QCOLL_HOST_DEVICE MessageHeader make_header(std::size_t n) {
+  return MessageHeader{kMessageMagic, static_cast<std::uint8_t>(F::id),
+                       static_cast<std::uint8_t>(log2_exact(F::block)), 0u, static_cast<std::uint64_t>(n)};
+}
+
+//! Checks that `h` is a header of F with `n` elements; throws qcoll::Error naming `what` (for
+//! example "message from rank 3") and the mismatch otherwise.
+template <class F>
+inline void check_header(const MessageHeader& h, std::size_t n, const char* function, const char* what) {
+  QCOLL_REQUIRE(h.magic == kMessageMagic, function, what, "magic 0x" << std::hex << h.magic << std::dec,
+                "is not a qcoll message; expected magic", "0x4371");
+  QCOLL_REQUIRE(h.format == static_cast<std::uint8_t>(F::id) && h.log2_block == log2_exact(F::block),
+                function, what,
+                format_name(static_cast<FormatId>(h.format)) << "/block " << (std::size_t{1} << h.log2_block),
+                "does not match the expected format", format_name(F::id) << "/block " << F::block);
+  QCOLL_REQUIRE(h.count == n, function, what, "count " << h.count, "does not match the expected count", n);
+}
+
+QCOLL_NAMESPACE_END

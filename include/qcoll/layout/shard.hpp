@@ -1,0 +1,186 @@
+#pragma once
+//! \file
+//! Shard layouts: the primary partition of a flat buffer over all ranks (qcoll::ShardLayout) and
+//! the secondary partition over the ranks of one node for hpZ (qcoll::SecondaryLayout).
+
+#include <cstddef>
+#include <cstdint>
+#include <initializer_list>
+#include <limits>
+
+#include "../core/config.hpp"
+#include "../core/error.hpp"
+#include "topology.hpp"
+
+QCOLL_NAMESPACE_BEGIN
+
+//! Number of elements of the range [offset, offset + count) that lie below `numel`, i.e. that hold
+//! data rather than padding. For kernels masking the tail of a shard or block. O(1).
+QCOLL_HOST_DEVICE std::size_t valid_elements_in(std::size_t numel, std::size_t offset, std::size_t count) {
+  if (offset >= numel) return 0;
+  const std::size_t rest = numel - offset;
+  return rest < count ? rest : count;
+}
+
+//! Primary partition: a flat buffer of numel() elements is padded up to padded_numel(), the
+//! smallest multiple of parts() * granule() that is >= numel(), and cut into parts() equal shards
+//! of shard_numel() elements; shard r (starting at shard_offset(r)) belongs to rank r. Elements at
+//! positions >= numel() are padding. A layout with numel() = 0 has padded_numel() = 0 and
+//! shard_numel() = 0: every shard is empty. All sizes and offsets are in elements.
+class ShardLayout {
+ public:
+  //! `parts` >= 1 shards; `granule` >= 1 elements (usually from granule_for). Throws qcoll::Error if
+  //! `parts` < 1, `granule` = 0, or the padded size does not fit in std::size_t. O(1).
+  ShardLayout(std::size_t numel, int parts, std::size_t granule)
+      : numel_(numel), parts_(parts), granule_(granule) {
+    const char* fn = "ShardLayout";
+    constexpr std::size_t kMax = std::numeric_limits<std::size_t>::max();
+    QCOLL_REQUIRE(parts >= 1, fn, "parts", parts, "is below the minimum", 1);
+    QCOLL_REQUIRE(granule >= 1, fn, "granule", granule, "is below the minimum", 1);
+    const std::size_t p = static_cast<std::size_t>(parts);
+    QCOLL_REQUIRE(granule <= kMax / p, fn, "granule", granule, "times parts overflows std::size_t; parts is",
+                  parts);
+    const std::size_t unit = p * granule;
+    const std::size_t units = numel / unit + (numel % unit != 0 ? 1 : 0);
+    QCOLL_REQUIRE(units <= kMax / unit, fn, "numel", numel,
+                  "padded to a multiple of parts * granule overflows std::size_t; parts * granule is", unit);
+    padded_numel_ = units * unit;
+    shard_numel_ = padded_numel_ / p;
+  }
+
+  //! Elements of data (before padding).
+  std::size_t numel() const noexcept { return numel_; }
+  //! Number of shards (ranks).
+  int parts() const noexcept { return parts_; }
+  //! Granule in elements; padded_numel() and every shard size are multiples of it.
+  std::size_t granule() const noexcept { return granule_; }
+  //! Size of the padded buffer: the smallest multiple of parts() * granule() that is >= numel().
+  std::size_t padded_numel() const noexcept { return padded_numel_; }
+  //! Elements per shard: padded_numel() / parts().
+  std::size_t shard_numel() const noexcept { return shard_numel_; }
+
+  //! First element of shard `r`: r * shard_numel(). Throws qcoll::Error if `r` is outside [0, parts()).
+  std::size_t shard_offset(int r) const {
+    check_part("ShardLayout::shard_offset", r);
+    return static_cast<std::size_t>(r) * shard_numel_;
+  }
+  //! Elements of shard `r` that hold data (positions < numel()); they come first in the shard, the
+  //! rest is padding. May be 0. Throws qcoll::Error if `r` is outside [0, parts()).
+  std::size_t valid_in_shard(int r) const {
+    check_part("ShardLayout::valid_in_shard", r);
+    return valid_elements_in(numel_, static_cast<std::size_t>(r) * shard_numel_, shard_numel_);
+  }
+
+  //! Same numel, parts and granule.
+  bool operator==(const ShardLayout& o) const noexcept {
+    return numel_ == o.numel_ && parts_ == o.parts_ && granule_ == o.granule_;
+  }
+  bool operator!=(const ShardLayout& o) const noexcept { return !(*this == o); }
+
+ private:
+  void check_part(const char* fn, int r) const {
+    QCOLL_REQUIRE(r >= 0 && r < parts_, fn, "r", r, "is outside [0, parts) with parts", parts_);
+  }
+
+  std::size_t numel_;
+  int parts_;
+  std::size_t granule_;
+  std::size_t padded_numel_ = 0;
+  std::size_t shard_numel_ = 0;
+};
+
+namespace detail {
+inline std::size_t gcd_size(std::size_t a, std::size_t b) noexcept {
+  while (b != 0) {
+    const std::size_t t = a % b;
+    a = b;
+    b = t;
+  }
+  return a;
+}
+}  // namespace detail
+
+//! Smallest granule, in elements of `elem_bytes` bytes each, that is a multiple of every block size
+//! in `block_sizes` (elements) and whose byte size is a multiple of 16, so every shard of a layout
+//! built with it starts 16-byte aligned and holds whole blocks. An empty list means no block
+//! constraint. Throws qcoll::Error if `elem_bytes` = 0, a block size is 0, or the result overflows
+//! std::size_t. O(number of block sizes).
+inline std::size_t granule_for(std::size_t elem_bytes, std::initializer_list<std::size_t> block_sizes) {
+  const char* fn = "granule_for";
+  constexpr std::size_t kMax = std::numeric_limits<std::size_t>::max();
+  QCOLL_REQUIRE(elem_bytes >= 1, fn, "elem_bytes", elem_bytes, "is below the minimum", 1);
+  // g * elem_bytes is a multiple of 16 exactly when g is a multiple of 16 / gcd(16, elem_bytes).
+  std::size_t g = 16 / detail::gcd_size(16, elem_bytes);
+  for (std::size_t b : block_sizes) {
+    QCOLL_REQUIRE(b >= 1, fn, "block_sizes", b, "contains a block size below the minimum", 1);
+    const std::size_t factor = b / detail::gcd_size(g, b);
+    QCOLL_REQUIRE(factor <= kMax / g, fn, "block_sizes", b,
+                  "makes the least common multiple overflow std::size_t; the multiple so far is", g);
+    g *= factor;
+  }
+  return g;
+}
+
+//! Secondary partition (hpZ): the same padded buffer as a primary layout over W = N * L ranks, cut
+//! into L shards for the L ranks of a node. Secondary shard j (held by the node's rank with local
+//! index j) is the run of N consecutive primary shards [j * N, (j + 1) * N), so it can be taken
+//! from the gathered full buffer without communication. Independent of the rank placement: only
+//! N and L matter. Sizes and offsets in elements.
+class SecondaryLayout {
+ public:
+  //! Throws qcoll::Error unless primary.parts() == topo.world_size(). O(1).
+  SecondaryLayout(const ShardLayout& primary, const Topology& topo)
+      : numel_(primary.numel()),
+        padded_numel_(primary.padded_numel()),
+        primary_shard_numel_(primary.shard_numel()),
+        num_nodes_(topo.num_nodes()),
+        parts_(topo.ranks_per_node()) {
+    QCOLL_REQUIRE(primary.parts() == topo.world_size(), "SecondaryLayout", "primary.parts()", primary.parts(),
+                  "differs from the world size of topo", topo.world_size());
+  }
+
+  //! Number of secondary shards: L, the ranks per node.
+  int parts() const noexcept { return parts_; }
+  //! Primary shards per secondary shard: N, the number of nodes.
+  int primary_shards_per_shard() const noexcept { return num_nodes_; }
+  //! Elements of data in the buffer (the primary layout's numel()).
+  std::size_t numel() const noexcept { return numel_; }
+  //! Size of the padded buffer (the primary layout's padded_numel()); L * shard_numel().
+  std::size_t padded_numel() const noexcept { return padded_numel_; }
+  //! Elements per secondary shard: N * primary shard_numel().
+  std::size_t shard_numel() const noexcept {
+    return static_cast<std::size_t>(num_nodes_) * primary_shard_numel_;
+  }
+  //! First element of secondary shard `local_index`, in the padded buffer. Throws qcoll::Error if
+  //! `local_index` is outside [0, L).
+  std::size_t shard_offset(int local_index) const {
+    check_part("SecondaryLayout::shard_offset", local_index);
+    return static_cast<std::size_t>(local_index) * shard_numel();
+  }
+  //! Index of the first primary shard inside secondary shard `local_index`: local_index * N.
+  //! Throws qcoll::Error if `local_index` is outside [0, L).
+  int first_primary_shard(int local_index) const {
+    check_part("SecondaryLayout::first_primary_shard", local_index);
+    return local_index * num_nodes_;
+  }
+  //! Elements of secondary shard `local_index` that hold data (positions < numel()); may be 0.
+  //! Throws qcoll::Error if `local_index` is outside [0, L).
+  std::size_t valid_in_shard(int local_index) const {
+    check_part("SecondaryLayout::valid_in_shard", local_index);
+    return valid_elements_in(numel_, static_cast<std::size_t>(local_index) * shard_numel(), shard_numel());
+  }
+
+ private:
+  void check_part(const char* fn, int local_index) const {
+    QCOLL_REQUIRE(local_index >= 0 && local_index < parts_, fn, "local_index", local_index,
+                  "is outside [0, ranks per node) with ranks per node", parts_);
+  }
+
+  std::size_t numel_;
+  std::size_t padded_numel_;
+  std::size_t primary_shard_numel_;
+  int num_nodes_;
+  int parts_;
+};
+
+QCOLL_NAMESPACE_END
