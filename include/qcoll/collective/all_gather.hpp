@@ -1,0 +1,110 @@
+#pragma once
+//! \file
+//! qwZ: quantized all-gather of a sharded buffer.
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "common.hpp"
+
+QCOLL_NAMESPACE_BEGIN
+
+//! Quantized all-gather (ZeRO++ qwZ): every rank contributes its primary shard (shard_numel()
+//! elements of T) and receives the full padded buffer (padded_numel() elements), each shard having
+//! travelled as one packed message of format F. Every rank decodes every message, its own
+//! included, so all replicas hold the same bits. Padding elements (index >= numel) are excluded
+//! from block statistics and written as zero.
+//!
+//! A plan is built once (collectively: every rank of `world` constructs it with the same layout
+//! and format) and called every step. Calls on host transports block until done; they allocate
+//! nothing. Wire bytes per rank: packed_bytes<F>(shard_numel) to each of the W - 1 peers.
+template <class T, class F, class Transport>
+class QuantizedAllGather {
+ public:
+  //! Collective. Throws qcoll::Error on every rank if the ranks disagree on the plan, if the
+  //! layout has a different number of parts than `world` has ranks, or if shards are not whole
+  //! blocks of F. `opt` selects nearest or stochastic rounding (keyed by global element index).
+  QuantizedAllGather(Transport& world, const ShardLayout& layout, const host::QuantizeOptions& opt = {})
+      : world_(world), layout_(layout), opt_(opt) {
+    const std::string err = detail::local_check([&] {
+      QCOLL_REQUIRE(layout.parts() == world.size(), "QuantizedAllGather", "layout.parts()", layout.parts(),
+                    "differs from the world size", world.size());
+      detail::check_blocks("QuantizedAllGather", layout, F::block, format_name(F::id));
+    });
+    detail::agree_on_call(world, err, false, "QuantizedAllGather");
+    detail::agree_on_plan(world,
+                          detail::fingerprint({1, static_cast<std::uint64_t>(F::id), F::block,
+                                               static_cast<std::uint64_t>(dtype_of<T>::value), layout.numel(),
+                                               layout.padded_numel()}),
+                          "QuantizedAllGather", describe());
+  }
+
+  //! Bytes of one rank's message on the wire.
+  std::size_t message_bytes() const { return packed_bytes<F>(layout_.shard_numel()); }
+
+  //! Workspace the call needs, in bytes (aligned to kWorkspaceAlignment).
+  std::size_t workspace_bytes() const { return carve(nullptr).bytes; }
+
+  //! Gathers: `shard` (shard_numel() elements, this rank's shard; may alias full + shard_offset(rank))
+  //! into `full` (padded_numel() elements). Returns kResultNonFinite if any rank's shard held NaN or
+  //! Inf (same on every rank), else 0. Arguments are checked on every rank before anything is
+  //! sent; a rank's bad argument raises qcoll::Error on all ranks. O(padded_numel) work.
+  std::uint32_t operator()(const T* shard, T* full, void* workspace, std::size_t workspace_bytes,
+                           typename Transport::stream_type stream = {}) {
+    static_assert(Transport::memory_space == MemorySpace::host, "the device data path is not available yet");
+    const char* fn = "QuantizedAllGather";
+    const std::size_t S = layout_.shard_numel();
+    const int r = world_.rank();
+    const Pieces p = carve(workspace);
+    bool nonfinite = false;
+    const std::string err = detail::local_check([&] {
+      QCOLL_REQUIRE(shard != nullptr || S == 0, fn, "shard", "null", "with shard_numel =", S);
+      QCOLL_REQUIRE(full != nullptr || layout_.padded_numel() == 0, fn, "full", "null",
+                    "with padded_numel =", layout_.padded_numel());
+      detail::check_workspace(fn, workspace, workspace_bytes, p.bytes);
+      host::QuantizeOptions o = opt_;
+      o.index_base = layout_.shard_offset(r);
+      const auto flags = host::detail::quantize_blocks<F, T>(
+          S, detail::SliceSource<T, F::block>{shard, 0, layout_.valid_in_shard(r)}, p.send, o);
+      nonfinite = (flags & kFlagNonFinite) != 0;
+    });
+    const std::uint32_t result = detail::agree_on_call(world_, err, nonfinite, fn);
+    const std::size_t P = message_bytes();
+    world_.all_gather(p.send, p.recv, P, stream);
+    for (int q = 0; q < world_.size(); ++q) {
+      const unsigned char* msg = p.recv + static_cast<std::size_t>(q) * P;
+      host::detail::read_header<F>(msg, S, fn, "message from a peer");
+      detail::decode_slice<F>(msg, S, layout_.valid_in_shard(q), full + layout_.shard_offset(q));
+    }
+    return result;
+  }
+
+  //! The layout this plan gathers.
+  const ShardLayout& layout() const { return layout_; }
+
+ private:
+  struct Pieces {
+    unsigned char* send;
+    unsigned char* recv;
+    std::size_t bytes;
+  };
+  Pieces carve(void* base) const {
+    WorkspaceCarver c(base);
+    const std::size_t P = message_bytes();
+    unsigned char* send = c.take<unsigned char>(P);
+    unsigned char* recv = c.take<unsigned char>(P * static_cast<std::size_t>(world_.size()));
+    return Pieces{send, recv, c.bytes()};
+  }
+  std::string describe() const {
+    return std::string("all-gather of ") + dtype_name(dtype_of<T>::value) + " as " + format_name(F::id) +
+           "/" + std::to_string(F::block) + ", numel " + std::to_string(layout_.numel()) + " over " +
+           std::to_string(layout_.parts()) + " shards";
+  }
+
+  Transport& world_;
+  ShardLayout layout_;
+  host::QuantizeOptions opt_;
+};
+
+QCOLL_NAMESPACE_END

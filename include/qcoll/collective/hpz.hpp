@@ -1,0 +1,157 @@
+#pragma once
+//! \file
+//! hpZ: a secondary copy of this rank's share of the weights, and the node-local gather from it.
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common.hpp"
+
+QCOLL_NAMESPACE_BEGIN
+
+//! Hierarchical partitioning (ZeRO++ hpZ). After the forward all-gather, capture() keeps this
+//! rank's secondary shard: the 1/L of the full padded buffer (L = ranks per node) that its local
+//! index owns, SecondaryLayout::shard_numel() elements, at no communication cost. gather() later
+//! rebuilds the full buffer with an all-gather inside the node only, each secondary shard
+//! travelling in format F (Identity<T> by default: bit-exact, the forward gather's result is
+//! reproduced exactly).
+//!
+//! The secondary copy carries the weights generation it was taken from; gather() with any other
+//! generation throws (on every rank, before sending) instead of using stale weights. The copy is
+//! held in plan-owned storage allocated once at construction; calls allocate nothing.
+template <class T, class F, class Transport>
+class SecondaryShard {
+ public:
+  using SubTransport = decltype(std::declval<Transport&>().split(0, 0));
+
+  //! Collective over `world`: splits off the intra-node group (ranks of this rank's node, ordered
+  //! by local index) and checks that all ranks agree on the plan. `topo` must describe `world`.
+  SecondaryShard(Transport& world, const Topology& topo, const ShardLayout& layout)
+      : layout_(layout),
+        secondary_(checked(world, topo, layout)),
+        intra_(world.split(topo.node(), topo.local_index())),
+        local_(topo.local_index()),
+        storage_(secondary_.shard_numel()) {
+    detail::agree_on_plan(
+        world,
+        detail::fingerprint({2, static_cast<std::uint64_t>(F::id), F::block,
+                             static_cast<std::uint64_t>(dtype_of<T>::value), layout.numel(),
+                             layout.padded_numel(), static_cast<std::uint64_t>(topo.ranks_per_node())}),
+        "SecondaryShard", "hpZ secondary shard of numel " + std::to_string(layout.numel()));
+  }
+
+  //! Keeps this rank's secondary shard of `full` (padded_numel() elements, identical on all ranks,
+  //! e.g. the output of the forward QuantizedAllGather) as weights generation `generation`. Local,
+  //! no communication. O(padded_numel / L).
+  void capture(const T* full, std::uint64_t generation) {
+    QCOLL_REQUIRE(full != nullptr || layout_.padded_numel() == 0, "SecondaryShard::capture", "full", "null",
+                  "with padded_numel =", layout_.padded_numel());
+    const T* from = full + secondary_.shard_offset(local_);
+    std::copy(from, from + secondary_.shard_numel(), storage_.begin());
+    generation_ = generation;
+    captured_ = true;
+  }
+
+  //! The generation of the captured copy; throws if nothing was captured yet.
+  std::uint64_t generation() const {
+    QCOLL_REQUIRE(captured_, "SecondaryShard::generation", "capture()", "never called", "before",
+                  "generation()");
+    return generation_;
+  }
+
+  //! Bytes of one secondary shard's message on the wire.
+  std::size_t message_bytes() const { return packed_bytes<F>(secondary_.shard_numel()); }
+
+  //! Workspace the gather needs, in bytes.
+  std::size_t workspace_bytes() const { return carve(nullptr).bytes; }
+
+  //! Rebuilds `full` (padded_numel() elements) from the L secondary shards of this node, with an
+  //! all-gather over the intra-node group only (no byte leaves the node). `generation` must equal
+  //! the captured one on every rank, else every rank throws qcoll::Error before sending. Returns
+  //! kResultNonFinite if a secondary shard held NaN or Inf.
+  std::uint32_t gather(T* full, std::uint64_t generation, void* workspace, std::size_t workspace_bytes,
+                       typename Transport::stream_type stream = {}) {
+    static_assert(Transport::memory_space == MemorySpace::host, "the device data path is not available yet");
+    const char* fn = "SecondaryShard::gather";
+    const std::size_t S = secondary_.shard_numel();
+    const Pieces p = carve(workspace);
+    bool nonfinite = false;
+    const std::string err = detail::local_check([&] {
+      QCOLL_REQUIRE(captured_, fn, "capture()", "never called", "before", "gather()");
+      QCOLL_REQUIRE(generation == generation_, fn, "generation", generation,
+                    "does not match the captured (stale secondary) generation", generation_);
+      QCOLL_REQUIRE(full != nullptr || layout_.padded_numel() == 0, fn, "full", "null",
+                    "with padded_numel =", layout_.padded_numel());
+      detail::check_workspace(fn, workspace, workspace_bytes, p.bytes);
+      const std::size_t offset = secondary_.shard_offset(local_);
+      host::QuantizeOptions o;
+      o.index_base = offset;
+      const T* mine = storage_.data();
+      const std::size_t numel = layout_.numel();
+      const auto flags = host::detail::quantize_blocks<F, T>(
+          S,
+          [&](std::size_t b) {
+            return host::detail::BlockSource<T>{mine + b * F::block,
+                                                valid_elements_in(numel, offset + b * F::block, F::block)};
+          },
+          p.send, o);
+      nonfinite = (flags & kFlagNonFinite) != 0;
+    });
+    const std::uint32_t result = detail::agree_on_call(intra_, err, nonfinite, fn);
+    const std::size_t P = message_bytes();
+    intra_.all_gather(p.send, p.recv, P, stream);
+    for (int j = 0; j < intra_.size(); ++j) {
+      const unsigned char* msg = p.recv + static_cast<std::size_t>(j) * P;
+      host::detail::read_header<F>(msg, S, fn, "message from a node peer");
+      const std::size_t offset = secondary_.shard_offset(j);
+      detail::decode_slice<F>(msg, S, valid_elements_in(layout_.numel(), offset, S), full + offset);
+    }
+    return result;
+  }
+
+  //! The intra-node group this plan gathers over (its byte counters show the hpZ traffic).
+  const SubTransport& intra_node() const { return intra_; }
+  //! The secondary layout (L shards of the padded buffer).
+  const SecondaryLayout& secondary_layout() const { return secondary_; }
+
+ private:
+  struct Pieces {
+    unsigned char* send;
+    unsigned char* recv;
+    std::size_t bytes;
+  };
+  Pieces carve(void* base) const {
+    WorkspaceCarver c(base);
+    const std::size_t P = message_bytes();
+    unsigned char* send = c.take<unsigned char>(P);
+    unsigned char* recv = c.take<unsigned char>(P * static_cast<std::size_t>(secondary_.parts()));
+    return Pieces{send, recv, c.bytes()};
+  }
+  static SecondaryLayout checked(Transport& world, const Topology& topo, const ShardLayout& layout) {
+    const std::string err = detail::local_check([&] {
+      QCOLL_REQUIRE(topo.world_size() == world.size() && topo.rank() == world.rank(), "SecondaryShard",
+                    "topo", "world " << topo.world_size() << " rank " << topo.rank(),
+                    "does not describe the transport's",
+                    "world " << world.size() << " rank " << world.rank());
+      QCOLL_REQUIRE(layout.parts() == world.size(), "SecondaryShard", "layout.parts()", layout.parts(),
+                    "differs from the world size", world.size());
+      detail::check_blocks("SecondaryShard", layout, F::block, format_name(F::id));
+    });
+    detail::agree_on_call(world, err, false, "SecondaryShard");
+    return SecondaryLayout(layout, topo);
+  }
+
+  ShardLayout layout_;
+  SecondaryLayout secondary_;
+  SubTransport intra_;
+  int local_;
+  std::vector<T> storage_;
+  std::uint64_t generation_ = 0;
+  bool captured_ = false;
+};
+
+QCOLL_NAMESPACE_END
