@@ -261,6 +261,11 @@ class QuantizedAllReduce {
     return flags;
   }
 
+  //! The reduce-scatter stage (its intra_node()/inter_node() groups carry the hop traffic).
+  const QuantizedReduceScatter<T, F1, F2, Transport>& reduce_scatter() const { return rs_; }
+  //! The all-gather stage.
+  const QuantizedAllGather<T, F3, Transport>& all_gather() const { return ag_; }
+
  private:
   struct Pieces {
     T* shard;

@@ -1,0 +1,55 @@
+# shellcheck shell=bash
+# Sourced by scripts/demo.sh and scripts/test.sh.
+#
+# Environment:
+#   BUILD_DIR         build directory (default: <repo>/build)
+#   JOBS              parallel build jobs (default: 2)
+#   CTEST_JOBS        tests run at once (default: 1; several tests start many threads or ranks)
+#   QCOLL_CMAKE_ARGS  extra arguments for the CMake configure step (word-split)
+
+QCOLL_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+BUILD_DIR="${BUILD_DIR:-$QCOLL_ROOT/build}"
+JOBS="${JOBS:-2}"
+CTEST_JOBS="${CTEST_JOBS:-1}"
+
+# Debian packages needed to build and test qcoll. The CUDA toolkit is optional and not installed
+# here; when /usr/local/cuda/bin/nvcc exists the CUDA programs are built as well.
+QCOLL_DEBIAN_PACKAGES=(cmake make g++ doctest-dev libopenmpi-dev openmpi-bin)
+
+# Installs the packages above that are missing (apt-get update + install, nothing when all are
+# present). Without dpkg/apt-get (not Debian) it only checks that cmake and a C++ compiler exist.
+qcoll_install_packages() {
+  if ! command -v dpkg-query >/dev/null 2>&1 || ! command -v apt-get >/dev/null 2>&1; then
+    command -v cmake >/dev/null 2>&1 || { echo "error: cmake not found" >&2; return 1; }
+    command -v c++ >/dev/null 2>&1 || { echo "error: no C++ compiler (c++) found" >&2; return 1; }
+    return 0
+  fi
+  local missing=() package
+  for package in "${QCOLL_DEBIAN_PACKAGES[@]}"; do
+    if ! dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q 'install ok installed'; then
+      missing+=("$package")
+    fi
+  done
+  if ((${#missing[@]} == 0)); then
+    return 0
+  fi
+  local sudo=()
+  if [ "$(id -u)" -ne 0 ]; then
+    sudo=(sudo)
+  fi
+  echo "installing missing packages: ${missing[*]}"
+  "${sudo[@]}" apt-get update
+  "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}"
+}
+
+# Configures $BUILD_DIR (Release, compile_commands.json, nvcc from /usr/local/cuda when present).
+qcoll_configure() {
+  local args=(-S "$QCOLL_ROOT" -B "$BUILD_DIR" -DCMAKE_EXPORT_COMPILE_COMMANDS=ON)
+  local nvcc=/usr/local/cuda/bin/nvcc
+  if [ -x "$nvcc" ] && ! grep -q '^CMAKE_CUDA_COMPILER:' "$BUILD_DIR/CMakeCache.txt" 2>/dev/null; then
+    args+=("-DCMAKE_CUDA_COMPILER=$nvcc")
+  fi
+  # shellcheck disable=SC2206
+  args+=(${QCOLL_CMAKE_ARGS:-})
+  cmake "${args[@]}"
+}
