@@ -1,33 +1,74 @@
-// main() for doctest programs that run under mpiexec: every rank runs every test case; only rank 0
-// prints doctest's report; the exit code is non-zero on every rank if any rank failed.
+// main() for doctest programs that run under mpiexec -n K. Every rank runs every test case in the
+// same order; test cases must not stop early on one rank only (use CHECK, not REQUIRE, around
+// collectives) so all ranks keep calling the same collectives. Only rank 0 prints doctest's
+// report; another rank prints its own only if it saw a failure. The exit code is non-zero if any
+// rank failed, and a watchdog aborts a run that hangs (mpiexec then fails the whole job).
 #pragma once
 
-#ifndef OMPI_SKIP_MPICXX
-#define OMPI_SKIP_MPICXX 1  // only the C API is used; the C++ bindings do not build warning-free
-#endif
-#ifndef MPICH_SKIP_MPICXX
-#define MPICH_SKIP_MPICXX 1
-#endif
-#include <mpi.h>
+#include <qcoll/transport/mpi.hpp>  // includes <mpi.h> without Open MPI's C++ bindings
 
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
+#include <chrono>
+#include <condition_variable>
 #include <cstdio>
+#include <cstdlib>
+#include <iostream>
+#include <mutex>
 #include <sstream>
+#include <thread>
+
+namespace mpi_main {
+
+//! Aborts the process if the test run takes longer than `seconds` (a collective hangs).
+class Watchdog {
+ public:
+  explicit Watchdog(int seconds)
+      : thread_([this, seconds] {
+          std::unique_lock<std::mutex> lk(mu_);
+          if (!cv_.wait_for(lk, std::chrono::seconds(seconds), [this] { return done_; })) {
+            std::fprintf(stderr, "watchdog fired after %d s (a collective hangs)\n", seconds);
+            std::abort();
+          }
+        }) {}
+  ~Watchdog() {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      done_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::thread thread_;
+};
+
+}  // namespace mpi_main
 
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  doctest::Context context(argc, argv);
-  std::ostringstream report;  // ranks other than 0 print their report only when they failed
-  if (rank != 0) context.setCout(&report);
-  int failed = context.run() != 0 ? 1 : 0;
-  if (rank != 0 && failed) std::printf("[rank %d]\n%s", rank, report.str().c_str());
-  int any = 0;
-  MPI_Allreduce(&failed, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  if (rank == 0 && any && !failed) std::printf("a test failed on another rank (its report is above)\n");
+  int failed = 0;
+  bool exit_early = false;
+  {
+    mpi_main::Watchdog dog(240);
+    doctest::Context context(argc, argv);
+    std::ostringstream captured;
+    if (rank != 0) context.setCout(&captured);
+    failed = context.run() != 0 ? 1 : 0;
+    exit_early = context.shouldExit();
+    if (failed && rank != 0)
+      std::cerr << "---- doctest report of rank " << rank << " ----\n" << captured.str() << std::flush;
+  }
+  int failed_ranks = 0;
+  if (!exit_early) MPI_Allreduce(&failed, &failed_ranks, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+  if (rank == 0 && failed_ranks > 0) std::cerr << failed_ranks << " rank(s) failed\n";
   MPI_Finalize();
-  return any;
+  return failed_ranks > 0 || failed ? 1 : 0;
 }

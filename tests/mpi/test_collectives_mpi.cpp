@@ -127,7 +127,7 @@ TEST_CASE("all-reduce over MPI: 20 repetitions give the same bits, on every rank
   ar(in.data(), first.data(), ws.ptr, ws.bytes);
   for (int rep = 1; rep < 20; ++rep) {
     ar(in.data(), out.data(), ws.ptr, ws.bytes);
-    REQUIRE(same_bits(first, out));
+    CHECK(same_bits(first, out));
   }
   std::vector<float> rank0 = first;
   MPI_Bcast(rank0.data(), static_cast<int>(rank0.size()), MPI_FLOAT, 0, MPI_COMM_WORLD);
@@ -151,7 +151,9 @@ TEST_CASE("a NaN on one rank over MPI: the same flag on every rank, no hang, the
   if (me == W - 1) CHECK(std::isnan(out[3]));
   g[at] = 0.0f;
   CHECK(rs(g.data(), out.data(), ws.ptr, ws.bytes) == 0u);
-  for (std::size_t e = 0; e < layout.valid_in_shard(me); ++e) REQUIRE(std::isfinite(out[e]));
+  std::size_t finite = 0;
+  for (std::size_t e = 0; e < layout.valid_in_shard(me); ++e) finite += std::isfinite(out[e]) ? 1 : 0;
+  CHECK(finite == layout.valid_in_shard(me));
 }
 
 TEST_CASE("bad arguments over MPI: every rank throws before anything is sent") {

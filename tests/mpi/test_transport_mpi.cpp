@@ -5,10 +5,9 @@
 // another rank prints its own only if it saw a failure. The exit code is non-zero on every rank
 // if any rank failed.
 
-#define DOCTEST_CONFIG_IMPLEMENT
-#include <doctest/doctest.h>
-
 #include <qcoll/transport/mpi.hpp>
+
+#include "../common/mpi_main.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -204,6 +203,11 @@ TEST_CASE("mpi: discover_node_ids on one machine puts every rank on node 0") {
   CHECK(MpiTransport::discover_node_ids(reversed) ==
         std::vector<long long>(static_cast<std::size_t>(world_size()), 0));
   MPI_Comm_free(&reversed);
+  // discover_topology: one node holding every rank, local index = rank.
+  const qcoll::Topology topo = qcoll::discover_topology(MPI_COMM_WORLD);
+  CHECK(topo.num_nodes() == 1);
+  CHECK(topo.ranks_per_node() == world_size());
+  CHECK(topo.local_index() == world_rank());
 }
 
 TEST_CASE("mpi: byte counters follow an explicit node table (ids r % 2)") {
@@ -367,61 +371,4 @@ TEST_CASE("mpi: bad arguments are rejected with the argument's name, before anyt
   CHECK(t.counters().calls == 0);
   // still usable afterwards
   CHECK(exchange_and_count(t, 64) == 0);
-}
-
-namespace {
-
-//! Aborts the process if the test run takes longer than `seconds` (a collective hangs); mpiexec
-//! then ends the whole job with a failure.
-class Watchdog {
- public:
-  explicit Watchdog(int seconds)
-      : thread_([this, seconds] {
-          std::unique_lock<std::mutex> lk(mu_);
-          if (!cv_.wait_for(lk, std::chrono::seconds(seconds), [this] { return done_; })) {
-            std::fprintf(stderr, "test_transport_mpi: watchdog fired after %d s (a collective hangs)\n",
-                         seconds);
-            std::abort();
-          }
-        }) {}
-  ~Watchdog() {
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      done_ = true;
-    }
-    cv_.notify_all();
-    thread_.join();
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool done_ = false;
-  std::thread thread_;
-};
-
-}  // namespace
-
-int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
-  const int rank = world_rank();
-  int failed = 0;
-  bool exit_early = false;
-  {
-    Watchdog dog(120);
-    doctest::Context context(argc, argv);
-    std::ostringstream captured;
-    if (rank != 0) context.setCout(&captured);
-    const int result = context.run();
-    failed = result != 0 ? 1 : 0;
-    exit_early = context.shouldExit();
-    if (failed && rank != 0)
-      std::cerr << "---- doctest report of rank " << rank << " ----\n" << captured.str() << std::flush;
-  }
-  int failed_ranks = 0;
-  if (!exit_early) MPI_Allreduce(&failed, &failed_ranks, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
-  if (rank == 0 && failed_ranks > 0)
-    std::cerr << "test_transport_mpi: " << failed_ranks << " rank(s) failed\n";
-  MPI_Finalize();
-  return failed_ranks > 0 || failed ? 1 : 0;
 }

@@ -56,6 +56,7 @@
 
 #include "../core/config.hpp"
 #include "../core/error.hpp"
+#include "../layout/topology.hpp"
 #include "common.hpp"
 
 QCOLL_NAMESPACE_BEGIN
@@ -374,6 +375,15 @@ class MpiTransport {
   std::vector<int> nodes_;
   ByteCounters counters_;
 };
+
+//! The topology of `comm` as the machines see it: ranks sharing memory (MPI_COMM_TYPE_SHARED) form
+//! a node, whatever their numbering. Collective over `comm`; throws qcoll::Error if the nodes hold
+//! different numbers of ranks.
+inline Topology discover_topology(MPI_Comm comm) {
+  int rank = 0;
+  detail::mpi_check(MPI_Comm_rank(comm, &rank), "MPI_Comm_rank");
+  return Topology::from_node_ids(MpiTransport::discover_node_ids(comm), rank);
+}
 
 QCOLL_NAMESPACE_END
 
