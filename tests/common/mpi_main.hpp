@@ -10,43 +10,26 @@
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
-#include <chrono>
-#include <condition_variable>
-#include <cstdio>
-#include <cstdlib>
 #include <iostream>
-#include <mutex>
 #include <sstream>
-#include <thread>
+
+#include "watchdog.hpp"
 
 namespace mpi_main {
 
-//! Aborts the process if the test run takes longer than `seconds` (a collective hangs).
-class Watchdog {
- public:
-  explicit Watchdog(int seconds)
-      : thread_([this, seconds] {
-          std::unique_lock<std::mutex> lk(mu_);
-          if (!cv_.wait_for(lk, std::chrono::seconds(seconds), [this] { return done_; })) {
-            std::fprintf(stderr, "watchdog fired after %d s (a collective hangs)\n", seconds);
-            std::abort();
-          }
-        }) {}
-  ~Watchdog() {
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      done_ = true;
-    }
-    cv_.notify_all();
-    thread_.join();
-  }
+//! This process's rank in MPI_COMM_WORLD.
+inline int world_rank() {
+  int r = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
 
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool done_ = false;
-  std::thread thread_;
-};
+//! Number of ranks in MPI_COMM_WORLD.
+inline int world_size() {
+  int s = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &s);
+  return s;
+}
 
 }  // namespace mpi_main
 
@@ -57,7 +40,7 @@ int main(int argc, char** argv) {
   int failed = 0;
   bool exit_early = false;
   {
-    mpi_main::Watchdog dog(240);
+    testing_support::Watchdog dog(240, argv[0]);
     doctest::Context context(argc, argv);
     std::ostringstream captured;
     if (rank != 0) context.setCout(&captured);

@@ -14,16 +14,8 @@ using namespace harness;
 
 namespace {
 
-int world_rank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
-int world_size() {
-  int s = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &s);
-  return s;
-}
+using mpi_main::world_rank;
+using mpi_main::world_size;
 
 // Node tables for this world: one node, one rank per node, and (for even sizes) two nodes with
 // ranks placed round-robin, i.e. not node-major.

@@ -27,17 +27,8 @@ namespace {
 using qcoll::MpiTransport;
 using qcoll::ReduceOp;
 
-int world_rank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
-
-int world_size() {
-  int s = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &s);
-  return s;
-}
+using mpi_main::world_rank;
+using mpi_main::world_size;
 
 //! Position-dependent part of the test pattern: base[i] = 13 i + floor(i / 512) + 1 (mod 256).
 unsigned char pattern_base(std::size_t i) {

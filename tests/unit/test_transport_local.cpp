@@ -4,6 +4,8 @@
 
 #include <doctest/doctest.h>
 
+#include "../common/watchdog.hpp"
+
 #include <qcoll/transport/local.hpp>
 
 #include <algorithm>
@@ -25,33 +27,9 @@ using qcoll::LocalGroup;
 using qcoll::LocalTransport;
 using qcoll::ReduceOp;
 
-//! Aborts the process if a test case runs longer than `seconds`: a hang in a collective must fail
-//! loudly instead of stalling the test run.
-class Watchdog {
- public:
-  explicit Watchdog(int seconds = 30)
-      : thread_([this, seconds] {
-          std::unique_lock<std::mutex> lk(mu_);
-          if (!cv_.wait_for(lk, std::chrono::seconds(seconds), [this] { return done_; })) {
-            std::fprintf(stderr, "test_transport_local: watchdog fired after %d s (a collective hangs)\n",
-                         seconds);
-            std::abort();
-          }
-        }) {}
-  ~Watchdog() {
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      done_ = true;
-    }
-    cv_.notify_all();
-    thread_.join();
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool done_ = false;
-  std::thread thread_;
+//! A hang in a collective fails the test loudly (default limit 120 s, generous for a loaded CI).
+struct Watchdog : testing_support::Watchdog {
+  explicit Watchdog(int seconds = 120) : testing_support::Watchdog(seconds, "test_transport_local") {}
 };
 
 const std::size_t kSizes[] = {0, 1, 7, 4096, std::size_t{1} << 20};

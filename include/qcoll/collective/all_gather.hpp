@@ -56,7 +56,7 @@ class QuantizedAllGather {
     const char* fn = "QuantizedAllGather";
     const std::size_t S = layout_.shard_numel();
     const int r = world_.rank();
-    const Pieces p = carve(workspace);
+    const detail::GatherPieces p = carve(workspace);
     bool nonfinite = false;
     const std::string err = detail::local_check([&] {
       QCOLL_REQUIRE(shard != nullptr || S == 0, fn, "shard", "null", "with shard_numel =", S);
@@ -70,13 +70,9 @@ class QuantizedAllGather {
       nonfinite = (flags & kFlagNonFinite) != 0;
     });
     const std::uint32_t result = detail::agree_on_call(world_, err, nonfinite, fn);
-    const std::size_t P = message_bytes();
-    world_.all_gather(p.send, p.recv, P, stream);
-    for (int q = 0; q < world_.size(); ++q) {
-      const unsigned char* msg = p.recv + static_cast<std::size_t>(q) * P;
-      host::detail::read_header<F>(msg, S, fn, "message from a peer");
-      detail::decode_slice<F>(msg, S, layout_.valid_in_shard(q), full + layout_.shard_offset(q));
-    }
+    detail::gather_and_decode<F>(
+        world_, p, message_bytes(), S, full, [this](int q) { return layout_.shard_offset(q); },
+        [this](int q) { return layout_.valid_in_shard(q); }, stream, fn, "message from a peer");
     return result;
   }
 
@@ -84,17 +80,8 @@ class QuantizedAllGather {
   const ShardLayout& layout() const { return layout_; }
 
  private:
-  struct Pieces {
-    unsigned char* send;
-    unsigned char* recv;
-    std::size_t bytes;
-  };
-  Pieces carve(void* base) const {
-    WorkspaceCarver c(base);
-    const std::size_t P = message_bytes();
-    unsigned char* send = c.take<unsigned char>(P);
-    unsigned char* recv = c.take<unsigned char>(P * static_cast<std::size_t>(world_.size()));
-    return Pieces{send, recv, c.bytes()};
+  detail::GatherPieces carve(void* base) const {
+    return detail::carve_gather(base, message_bytes(), world_.size());
   }
   std::string describe() const {
     return std::string("all-gather of ") + dtype_name(dtype_of<T>::value) + " as " + format_name(F::id) +

@@ -147,5 +147,36 @@ void sum_messages(const unsigned char* msgs, std::size_t stride, int count, std:
   }
 }
 
+//! Workspace of a gather: this rank's message, then one message per rank of the group.
+struct GatherPieces {
+  unsigned char* send;
+  unsigned char* recv;
+  std::size_t bytes;
+};
+
+//! Carves (or, with base == nullptr, measures) the workspace of a gather of `ranks` messages of
+//! `message_bytes` each.
+inline GatherPieces carve_gather(void* base, std::size_t message_bytes, int ranks) {
+  WorkspaceCarver c(base);
+  unsigned char* send = c.take<unsigned char>(message_bytes);
+  unsigned char* recv = c.take<unsigned char>(message_bytes * static_cast<std::size_t>(ranks));
+  return GatherPieces{send, recv, c.bytes()};
+}
+
+//! Gathers the messages in p.send over `t` and decodes message q (n elements of F) into
+//! out + offset(q): its first valid(q) elements as T, the rest of the n as zero. Checks every
+//! header. `what` names the senders in errors.
+template <class F, class T, class Transport, class Offset, class Valid>
+void gather_and_decode(Transport& t, const GatherPieces& p, std::size_t message_bytes, std::size_t n, T* out,
+                       Offset&& offset, Valid&& valid, typename Transport::stream_type stream,
+                       const char* function, const char* what) {
+  t.all_gather(p.send, p.recv, message_bytes, stream);
+  for (int q = 0; q < t.size(); ++q) {
+    const unsigned char* msg = p.recv + static_cast<std::size_t>(q) * message_bytes;
+    host::detail::read_header<F>(msg, n, function, what);
+    decode_slice<F>(msg, n, valid(q), out + offset(q));
+  }
+}
+
 }  // namespace detail
 QCOLL_NAMESPACE_END

@@ -78,7 +78,7 @@ class SecondaryShard {
     static_assert(Transport::memory_space == MemorySpace::host, "the device data path is not available yet");
     const char* fn = "SecondaryShard::gather";
     const std::size_t S = secondary_.shard_numel();
-    const Pieces p = carve(workspace);
+    const detail::GatherPieces p = carve(workspace);
     bool nonfinite = false;
     const std::string err = detail::local_check([&] {
       QCOLL_REQUIRE(captured_, fn, "capture()", "never called", "before", "gather()");
@@ -102,14 +102,11 @@ class SecondaryShard {
       nonfinite = (flags & kFlagNonFinite) != 0;
     });
     const std::uint32_t result = detail::agree_on_call(intra_, err, nonfinite, fn);
-    const std::size_t P = message_bytes();
-    intra_.all_gather(p.send, p.recv, P, stream);
-    for (int j = 0; j < intra_.size(); ++j) {
-      const unsigned char* msg = p.recv + static_cast<std::size_t>(j) * P;
-      host::detail::read_header<F>(msg, S, fn, "message from a node peer");
-      const std::size_t offset = secondary_.shard_offset(j);
-      detail::decode_slice<F>(msg, S, valid_elements_in(layout_.numel(), offset, S), full + offset);
-    }
+    const std::size_t numel = layout_.numel();
+    detail::gather_and_decode<F>(
+        intra_, p, message_bytes(), S, full, [this](int j) { return secondary_.shard_offset(j); },
+        [&](int j) { return valid_elements_in(numel, secondary_.shard_offset(j), S); }, stream, fn,
+        "message from a node peer");
     return result;
   }
 
@@ -119,17 +116,8 @@ class SecondaryShard {
   const SecondaryLayout& secondary_layout() const { return secondary_; }
 
  private:
-  struct Pieces {
-    unsigned char* send;
-    unsigned char* recv;
-    std::size_t bytes;
-  };
-  Pieces carve(void* base) const {
-    WorkspaceCarver c(base);
-    const std::size_t P = message_bytes();
-    unsigned char* send = c.take<unsigned char>(P);
-    unsigned char* recv = c.take<unsigned char>(P * static_cast<std::size_t>(secondary_.parts()));
-    return Pieces{send, recv, c.bytes()};
+  detail::GatherPieces carve(void* base) const {
+    return detail::carve_gather(base, message_bytes(), secondary_.parts());
   }
   static SecondaryLayout checked(Transport& world, const Topology& topo, const ShardLayout& layout) {
     const std::string err = detail::local_check([&] {
