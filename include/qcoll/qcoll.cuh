@@ -1,5 +1,9 @@
 #pragma once
 //! \file
-//! Umbrella header for all of qcoll, CUDA parts included; needs nvcc.
+//! Umbrella header for all of qcoll, CUDA parts included; needs nvcc. The device kernels live in
+//! namespace qcoll::gpu (not qcoll::cuda, which would clash with CCCL's ::cuda after a
+//! `using namespace qcoll;`).
 
+#include "cuda/check.cuh"
+#include "cuda/quantize.cuh"
 #include "qcoll.hpp"
