@@ -125,8 +125,8 @@ struct SliceSource {
 //! out[valid, n).
 template <class F, class T>
 void decode_slice(const void* msg, std::size_t n, std::size_t valid, T* out) {
-  host::detail::decode_message<F>(
-      msg, n, [out](std::size_t i, float v) { out[i] = from_float<T>(v); }, valid);
+  host::detail::decode_message_as<F, T>(
+      msg, n, valid, [](float v) { return from_float<T>(v); }, [out](std::size_t i, T v) { out[i] = v; });
   for (std::size_t i = valid; i < n; ++i) out[i] = from_float<T>(0.0f);
 }
 

@@ -42,7 +42,14 @@ QCOLL_HOST_DEVICE constexpr std::size_t align16(std::size_t n) {
 }
 
 //! log2 of a power of two.
-QCOLL_HOST_DEVICE constexpr unsigned log2_exact(std::size_t n) { return n <= 1 ? 0 : 1 + log2_exact(n >> 1); }
+QCOLL_HOST_DEVICE constexpr unsigned log2_exact(std::size_t n) {
+  unsigned e = 0;
+  while (n > 1) {
+    n >>= 1;
+    ++e;
+  }
+  return e;
+}
 
 //! Byte layout of a message of F. All functions O(1), host and device.
 template <class F>
