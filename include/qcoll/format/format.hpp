@@ -106,7 +106,8 @@ QCOLL_HOST_DEVICE void stats_add(BlockStats& s, float x) {
   }
 }
 
-//! Combines the statistics of two parts of a block (order-independent).
+//! Combines the statistics of two parts of a block (order-independent, except that of a +0 and a
+//! -0 extreme the first argument's is kept: merge parts in element order to match the host kernel).
 QCOLL_HOST_DEVICE BlockStats stats_merge(const BlockStats& a, const BlockStats& b) {
   return BlockStats{fp::max(a.absmax, b.absmax), fp::min(a.lo, b.lo), fp::max(a.hi, b.hi),
                     a.nonfinite || b.nonfinite};
