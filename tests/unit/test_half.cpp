@@ -8,6 +8,8 @@
 
 #include <doctest/doctest.h>
 
+#include "../common/mismatch.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
@@ -138,22 +140,7 @@ std::vector<float> targeted_inputs(const std::vector<double>& values, double ove
   return in;
 }
 
-struct Mismatch {
-  std::uint64_t count = 0;
-  std::uint32_t x = 0;
-  unsigned got = 0, want = 0;
-  void add(std::uint32_t xb, unsigned g, unsigned w) {
-    if (count++ == 0) {
-      x = xb;
-      got = g;
-      want = w;
-    }
-  }
-  std::string describe() const {
-    return std::to_string(count) + " mismatches; first: x bits " + hex(x) + " got " + hex(got) + " want " +
-           hex(want);
-  }
-};
+using testing_support::Mismatch;
 
 }  // namespace
 

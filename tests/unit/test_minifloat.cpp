@@ -11,6 +11,8 @@
 
 #include <doctest/doctest.h>
 
+#include "../common/mismatch.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -255,24 +257,7 @@ std::vector<float> targeted_inputs(const std::vector<double>& values) {
   return in;
 }
 
-struct Mismatch {
-  std::uint64_t count = 0;
-  std::uint32_t x = 0;
-  unsigned got = 0, want = 0;
-  void add(std::uint32_t xb, unsigned g, unsigned w) {
-    if (count++ == 0) {
-      x = xb;
-      got = g;
-      want = w;
-    }
-  }
-  std::string describe() const {
-    char buf[160];
-    std::snprintf(buf, sizeof buf, "%llu mismatches; first: x bits 0x%08x got 0x%02x want 0x%02x",
-                  static_cast<unsigned long long>(count), x, got, want);
-    return buf;
-  }
-};
+using testing_support::Mismatch;
 
 }  // namespace
 
