@@ -7,7 +7,7 @@
 #include <vector>
 
 int main() {
-  const int world = 8;  // 2 nodes of 4 ranks
+  const int world = 8;                                             // 2 nodes of 4 ranks
   const std::size_t numel = 1 << 20;                               // parameters of the model
   std::vector<long long> node_of_rank = {0, 1, 0, 1, 0, 1, 0, 1};  // any placement, not only node-major
   qcoll::LocalGroup group(world, node_of_rank);

@@ -5,6 +5,10 @@
 //! The MPI transport is separate (`qcoll/transport/mpi.hpp`, needs <mpi.h>); the CUDA parts come
 //! with `qcoll/qcoll.cuh`.
 
+#include "collective/all_gather.hpp"
+#include "collective/common.hpp"
+#include "collective/hpz.hpp"
+#include "collective/reduce_scatter.hpp"
 #include "core/config.hpp"
 #include "core/error.hpp"
 #include "core/fpmath.hpp"
@@ -22,7 +26,3 @@
 #include "layout/topology.hpp"
 #include "transport/common.hpp"
 #include "transport/local.hpp"
-#include "collective/all_gather.hpp"
-#include "collective/common.hpp"
-#include "collective/hpz.hpp"
-#include "collective/reduce_scatter.hpp"
