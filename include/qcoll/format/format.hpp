@@ -217,7 +217,13 @@ struct SymmetricInt {
     return static_cast<code_type>(static_cast<unsigned>(v) & ((1u << Bits) - 1u));
   }
   QCOLL_HOST_DEVICE static code_type encode(float x, const Meta& m) {
-    return to_code(fp::rint(detail::apply(m.rcp, x)));
+    // Clamping before rounding gives the same code as rounding first (qmax is an integer) and
+    // keeps |c| < 2^22, where adding and subtracting 1.5 * 2^23 rounds to nearest even without a
+    // branch, so the host loop vectorizes.
+    const float c =
+        detail::clamp_code(detail::apply(m.rcp, x), -static_cast<float>(qmax), static_cast<float>(qmax));
+    const float r = fp::sub(fp::add(c, 12582912.0f), 12582912.0f);
+    return static_cast<code_type>(static_cast<unsigned>(static_cast<int>(r)) & ((1u << Bits) - 1u));
   }
   QCOLL_HOST_DEVICE static code_type encode_sr(float x, const Meta& m, std::uint32_t random) {
     return to_code(detail::round_stochastic(detail::apply(m.rcp, x), random));
