@@ -597,43 +597,43 @@ struct ReduceInput {
 // Reductions inside a group of threads
 // ---------------------------------------------------------------------------------------------
 
-//! Butterfly over the G lanes of an aligned group (G <= 32: the group; G > 32: the warp). Every
-//! lane of the warp must call it (full mask).
+//! Butterfly over the G lanes of an aligned group (G <= 32: the group; G > 32: the warp): each step
+//! sets x = op(partner's x, x). Every lane of the warp must call it (full mask).
+template <int G, class V, class Op>
+QCOLL_DEVICE V group_reduce(V x, Op op) {
+#pragma unroll
+  for (int o = (G < 32 ? G : 32) / 2; o > 0; o /= 2) x = op(__shfl_xor_sync(0xffffffffu, x, o), x);
+  return x;
+}
+//! op(y, x) = the larger (y only if strictly larger).
+struct TakeLarger {
+  template <class V>
+  QCOLL_DEVICE V operator()(V y, V x) const {
+    return y > x ? y : x;
+  }
+};
+//! op(y, x) = the smaller (y only if strictly smaller).
+struct TakeSmaller {
+  template <class V>
+  QCOLL_DEVICE V operator()(V y, V x) const {
+    return y < x ? y : x;
+  }
+};
 template <int G>
 QCOLL_DEVICE std::uint32_t group_max_u32(std::uint32_t x) {
-#pragma unroll
-  for (int o = (G < 32 ? G : 32) / 2; o > 0; o /= 2) {
-    const std::uint32_t y = __shfl_xor_sync(0xffffffffu, x, o);
-    x = y > x ? y : x;
-  }
-  return x;
+  return group_reduce<G>(x, TakeLarger{});
 }
 template <int G>
 QCOLL_DEVICE std::uint32_t group_min_u32(std::uint32_t x) {
-#pragma unroll
-  for (int o = (G < 32 ? G : 32) / 2; o > 0; o /= 2) {
-    const std::uint32_t y = __shfl_xor_sync(0xffffffffu, x, o);
-    x = y < x ? y : x;
-  }
-  return x;
+  return group_reduce<G>(x, TakeSmaller{});
 }
 template <int G>
 QCOLL_DEVICE float group_min_f32(float x) {
-#pragma unroll
-  for (int o = (G < 32 ? G : 32) / 2; o > 0; o /= 2) {
-    const float y = __shfl_xor_sync(0xffffffffu, x, o);
-    x = y < x ? y : x;
-  }
-  return x;
+  return group_reduce<G>(x, TakeSmaller{});
 }
 template <int G>
 QCOLL_DEVICE float group_max_f32(float x) {
-#pragma unroll
-  for (int o = (G < 32 ? G : 32) / 2; o > 0; o /= 2) {
-    const float y = __shfl_xor_sync(0xffffffffu, x, o);
-    x = y > x ? y : x;
-  }
-  return x;
+  return group_reduce<G>(x, TakeLarger{});
 }
 
 //! Per-warp partial statistics of a group spanning several warps.
