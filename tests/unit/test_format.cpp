@@ -530,3 +530,49 @@ TEST_CASE_TEMPLATE("symmetric integer encode: clamping before rounding equals ro
   }
   CHECK(bad == 0);
 }
+
+namespace {
+template <class F, class T>
+std::size_t avx2_vs_baseline_mismatches() {
+  std::size_t bad = 0;
+  for (Data d : kAllData)
+    for (std::size_t n : {std::size_t(1), std::size_t(97), F::block, 3 * F::block + 7, std::size_t(10007)})
+      for (Rounding r : {Rounding::nearest, Rounding::stochastic}) {
+        const auto x = make_data<T>(d, n, 99);
+        host::QuantizeOptions opt;
+        opt.rounding = r;
+        opt.seed = 4;
+        std::vector<unsigned char> a(packed_bytes<F>(n)), b(a.size());
+        host::quantize<F>(x.data(), n, a.data(), a.size(), opt);  // dispatching entry point
+        host::detail::quantize_blocks_impl<F, T>(
+            n,
+            [&](std::size_t k) {
+              const std::size_t first = k * F::block;
+              return host::detail::BlockSource<T>{x.data() + first,
+                                                  std::min<std::size_t>(F::block, n - first)};
+            },
+            b.data(), opt);  // the baseline build of the same loops
+        if (a != b) ++bad;
+        std::vector<T> ya(n), yb(n);
+        host::dequantize<F>(a.data(), a.size(), ya.data(), n);
+        host::detail::decode_message_as_impl<F, T>(
+            a.data(), n, n, [](float v) { return from_float<T>(v); }, [&](std::size_t i, T v) { yb[i] = v; });
+        if (std::memcmp(ya.data(), yb.data(), n * sizeof(T)) != 0) ++bad;
+      }
+  return bad;
+}
+}  // namespace
+
+TEST_CASE_TEMPLATE("the run-time AVX2 build of the host kernels gives the same bytes", F, Int8<>, Int4<32>,
+                   Int8Asym<>, Int4Asym<64>, Fp8E4M3<>, Fp8E5M2<>, MxFp8E4M3, MxFp6E2M3, MxFp4, MxInt8, NvFp4,
+                   Identity<bfloat16>) {
+#if QCOLL_HOST_AVX2_DISPATCH
+  if (!__builtin_cpu_supports("avx2"))
+    MESSAGE("this processor has no AVX2: both paths are the baseline build");
+#else
+  MESSAGE("AVX2 dispatch is off in this build: both paths are the same code");
+#endif
+  CHECK(avx2_vs_baseline_mismatches<F, float>() == 0u);
+  CHECK(avx2_vs_baseline_mismatches<F, bfloat16>() == 0u);
+  CHECK(avx2_vs_baseline_mismatches<F, half>() == 0u);
+}
