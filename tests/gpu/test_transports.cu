@@ -4,8 +4,7 @@
 //
 // Exits with 77 (reported as skipped by CTest) when there is no CUDA device.
 
-#define DOCTEST_CONFIG_IMPLEMENT
-#include <doctest/doctest.h>
+#include "../common/gpu_main.hpp"
 
 #include <cuda_runtime.h>
 
@@ -362,16 +361,3 @@ TEST_CASE("nccl: one rank: all_reduce of each op, split") {
 #endif  // QCOLL_HAS_NCCL
 
 }  // namespace
-
-int main(int argc, char** argv) {
-  int devices = 0;
-  const cudaError_t err = cudaGetDeviceCount(&devices);
-  if (err != cudaSuccess || devices == 0) {
-    (void)cudaGetLastError();
-    std::printf("skipped: no CUDA device\n");
-    return 77;
-  }
-  doctest::Context context;
-  context.applyCommandLine(argc, argv);
-  return context.run();
-}
