@@ -33,6 +33,14 @@ std::vector<T> make_input(std::uint64_t seed, int rank, std::size_t count, std::
   return v;  // elements >= numel hold garbage (123) that must never show in results
 }
 
+// Every rank's input: make_input for ranks 0..world-1.
+template <class T>
+std::vector<std::vector<T>> make_inputs(std::uint64_t seed, int world, std::size_t count, std::size_t numel) {
+  std::vector<std::vector<T>> all(static_cast<std::size_t>(world));
+  for (int r = 0; r < world; ++r) all[static_cast<std::size_t>(r)] = make_input<T>(seed, r, count, numel);
+  return all;
+}
+
 // 64-byte aligned workspace.
 struct Workspace {
   std::vector<unsigned char> raw;
@@ -79,7 +87,7 @@ std::vector<std::vector<T>> reference_reduce_scatter(const std::vector<std::vect
                                                      const Topology& topo, const ShardLayout& layout,
                                                      Reduce op, Hops hops, const host::QuantizeOptions& opt) {
   const int W = layout.parts(), N = topo.num_nodes(), L = topo.ranks_per_node();
-  const std::size_t S = layout.shard_numel(), numel = layout.numel();
+  const std::size_t S = layout.shard_numel();
   std::vector<std::vector<float>> acc(static_cast<std::size_t>(W), std::vector<float>(S, 0.0f));
   if (hops == Hops::one) {
     for (int r = 0; r < W; ++r)
@@ -128,7 +136,6 @@ std::vector<std::vector<T>> reference_reduce_scatter(const std::vector<std::vect
       }
     }
   }
-  (void)numel;
   std::vector<std::vector<T>> out(static_cast<std::size_t>(W), std::vector<T>(S, from_float<T>(0.0f)));
   for (int r = 0; r < W; ++r)
     for (std::size_t e = 0; e < layout.valid_in_shard(r); ++e)

@@ -42,8 +42,7 @@ void check_rs(const std::vector<long long>& ids, std::size_t numel, Reduce op, H
   host::QuantizeOptions opt;
   opt.rounding = rounding;
   opt.seed = 17;
-  std::vector<std::vector<T>> grads(W);
-  for (int r = 0; r < W; ++r) grads[r] = make_input<T>(31, r, layout.padded_numel(), numel);
+  auto grads = make_inputs<T>(31, W, layout.padded_numel(), numel);
   MpiTransport t(MPI_COMM_WORLD, ids);
   const Topology topo = Topology::from_node_ids(ids, me);
   QuantizedReduceScatter<T, F1, F2, MpiTransport> rs(t, topo, layout, op, hops, opt);

@@ -83,8 +83,7 @@ void check_reduce_scatter(const Shape& sh, std::size_t numel, Reduce op, Hops ho
   host::QuantizeOptions opt;
   opt.rounding = rounding;
   opt.seed = 3;
-  std::vector<std::vector<T>> grads(sh.world);
-  for (int r = 0; r < sh.world; ++r) grads[r] = make_input<T>(11, r, layout.padded_numel(), numel);
+  auto grads = make_inputs<T>(11, sh.world, layout.padded_numel(), numel);
   std::vector<std::vector<T>> out(sh.world);
   std::vector<std::uint32_t> flags(sh.world);
   const auto ids = node_ids(sh);
@@ -181,8 +180,7 @@ TEST_CASE("deterministic: 20 repetitions give the same bits") {
   const std::size_t numel = 2000;
   const ShardLayout layout(numel, sh.world, granule_for(4, {32}));
   const auto ids = node_ids(sh);
-  std::vector<std::vector<float>> grads(sh.world);
-  for (int r = 0; r < sh.world; ++r) grads[r] = make_input<float>(21, r, layout.padded_numel(), numel);
+  auto grads = make_inputs<float>(21, sh.world, layout.padded_numel(), numel);
   std::vector<std::vector<float>> first(sh.world);
   bool all_same = true;
   std::mutex mu;
@@ -341,8 +339,7 @@ TEST_CASE("a NaN or Inf on one rank: NaN where it lands, same flag everywhere, n
   const std::size_t numel = 3000;
   const ShardLayout layout(numel, sh.world, granule_for(4, {32}));
   const auto ids = node_ids(sh);
-  std::vector<std::vector<float>> grads(sh.world);
-  for (int r = 0; r < sh.world; ++r) grads[r] = make_input<float>(13, r, layout.padded_numel(), numel);
+  auto grads = make_inputs<float>(13, sh.world, layout.padded_numel(), numel);
   const std::size_t poisoned = layout.shard_offset(5) + 40;  // lands in rank 5's shard
   grads[2][poisoned] = std::numeric_limits<float>::quiet_NaN();
   std::vector<std::uint32_t> f1(sh.world), f2(sh.world), fag(sh.world);

@@ -138,10 +138,7 @@ void sum_messages(const unsigned char* msgs, std::size_t stride, int count, std:
   for (std::size_t i = 0; i < limit; ++i) acc[i] = 0.0f;
   for (int m = 0; m < count; ++m) {
     const unsigned char* msg = msgs + static_cast<std::size_t>(m) * stride;
-    std::ostringstream what;
-    what << "message " << m;
-    const std::string w = what.str();
-    host::detail::read_header<F>(msg, n, function, w.c_str());
+    host::detail::read_header<F>(msg, n, function, "received message");
     host::detail::decode_message<F>(
         msg, n, [acc](std::size_t i, float v) { acc[i] = fp::add(acc[i], v); }, limit);
   }

@@ -197,46 +197,27 @@ class LocalTransport {
   void all_gather(const void* send, void* recv, std::size_t bytes_per_rank, stream_type = {}) {
     const bool in_place =
         detail::check_all_gather("LocalTransport::all_gather", send, recv, bytes_per_rank, rank_, size());
-    detail::LocalSlot s;
-    s.op = detail::LocalOp::all_gather;
-    s.send = send;
-    s.bytes = bytes_per_rank;
-    publish(std::move(s));
-    sync(true);
-    std::string mismatch = find_mismatch(detail::LocalOp::all_gather);
-    if (mismatch.empty() && bytes_per_rank > 0) {
-      auto* out = static_cast<unsigned char*>(recv);
-      for (int r = 0; r < size(); ++r) {
-        if (r == rank_ && in_place) continue;
-        std::memcpy(out + static_cast<std::size_t>(r) * bytes_per_rank, slot(r).send, bytes_per_rank);
-      }
-    }
-    sync(false);
-    if (!mismatch.empty()) throw Error(mismatch);
-    detail::count_exchange(counters_, intra_peers_, inter_peers_, bytes_per_rank);
+    exchange(
+        detail::LocalOp::all_gather, send, bytes_per_rank,
+        [&](unsigned char* out, int r) {
+          if (r == rank_ && in_place) return;
+          std::memcpy(out + static_cast<std::size_t>(r) * bytes_per_rank, slot(r).send, bytes_per_rank);
+        },
+        recv);
   }
 
   //! Personalised exchange: block j of `send` goes to rank j, block i of `recv` comes from rank i
   //! (blocks of `bytes_per_rank` bytes; both buffers hold size() blocks and must not overlap).
   void all_to_all(const void* send, void* recv, std::size_t bytes_per_rank, stream_type = {}) {
     detail::check_all_to_all("LocalTransport::all_to_all", send, recv, bytes_per_rank, size());
-    detail::LocalSlot s;
-    s.op = detail::LocalOp::all_to_all;
-    s.send = send;
-    s.bytes = bytes_per_rank;
-    publish(std::move(s));
-    sync(true);
-    std::string mismatch = find_mismatch(detail::LocalOp::all_to_all);
-    if (mismatch.empty() && bytes_per_rank > 0) {
-      auto* out = static_cast<unsigned char*>(recv);
-      const std::size_t mine = static_cast<std::size_t>(rank_) * bytes_per_rank;
-      for (int r = 0; r < size(); ++r)
-        std::memcpy(out + static_cast<std::size_t>(r) * bytes_per_rank,
-                    static_cast<const unsigned char*>(slot(r).send) + mine, bytes_per_rank);
-    }
-    sync(false);
-    if (!mismatch.empty()) throw Error(mismatch);
-    detail::count_exchange(counters_, intra_peers_, inter_peers_, bytes_per_rank);
+    const std::size_t mine = static_cast<std::size_t>(rank_) * bytes_per_rank;
+    exchange(
+        detail::LocalOp::all_to_all, send, bytes_per_rank,
+        [&](unsigned char* out, int r) {
+          std::memcpy(out + static_cast<std::size_t>(r) * bytes_per_rank,
+                      static_cast<const unsigned char*>(slot(r).send) + mine, bytes_per_rank);
+        },
+        recv);
   }
 
   //! In-place reduction of `count` 64-bit words over the group (for flags and fingerprints); every
@@ -340,6 +321,25 @@ class LocalTransport {
       : rank_(rank), group_(std::move(group)), run_(std::move(run)) {
     intra_peers_ = detail::count_same_node_peers(group_->nodes, rank_);
     inter_peers_ = group_->size - 1 - intra_peers_;
+  }
+
+  // The data exchange shared by all_gather and all_to_all: publish this rank's send buffer,
+  // rendezvous, let copy(recv, r) take what it needs from each rank r, rendezvous again (so every
+  // peer's buffer stays valid until all copies are done), then report a mismatch or count bytes.
+  template <class Copy>
+  void exchange(detail::LocalOp op, const void* send, std::size_t bytes_per_rank, Copy&& copy, void* recv) {
+    detail::LocalSlot s;
+    s.op = op;
+    s.send = send;
+    s.bytes = bytes_per_rank;
+    publish(std::move(s));
+    sync(true);
+    const std::string mismatch = find_mismatch(op);
+    if (mismatch.empty() && bytes_per_rank > 0)
+      for (int r = 0; r < size(); ++r) copy(static_cast<unsigned char*>(recv), r);
+    sync(false);
+    if (!mismatch.empty()) throw Error(mismatch);
+    detail::count_exchange(counters_, intra_peers_, inter_peers_, bytes_per_rank);
   }
 
   const detail::LocalSlot& slot(int r) const { return group_->slots[static_cast<std::size_t>(r)]; }
