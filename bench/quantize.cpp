@@ -6,7 +6,10 @@
 // against quantize(dequantize(message)) == message. Exit status: 0, or 1 if a check failed, or 2
 // on a bad command line.
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -41,6 +44,8 @@ const char* const kHelp =
     "  -w, --warmup N    untimed repetitions first (default: 1)\n"
     "  --rounding R      nearest | stochastic (default: nearest)\n"
     "  --csv             comma-separated rows (comment lines start with '#')\n"
+    "  --device          run the GPU benchmark instead: bench_quantize_device, next to this\n"
+    "                    program, with the other arguments (see its --help)\n"
     "  -h, --help        this text\n"
     "\n"
     "Columns: GB/s counts bytes read + written (quantize: input + message, dequantize:\n"
@@ -410,9 +415,26 @@ const char* build_flags() {
 #endif
 }
 
+// --device: replaces this process with bench_quantize_device from the same folder, passing on
+// every other argument. Returns only on failure (exit status 2).
+int run_device_benchmark(int argc, char** argv) {
+  std::string path = argv[0];
+  const std::size_t slash = path.rfind('/');
+  path = (slash == std::string::npos ? std::string(".") : path.substr(0, slash)) + "/bench_quantize_device";
+  std::vector<char*> args{const_cast<char*>(path.c_str())};
+  for (int i = 1; i < argc; ++i)
+    if (std::strcmp(argv[i], "--device") != 0) args.push_back(argv[i]);
+  args.push_back(nullptr);
+  execv(path.c_str(), args.data());
+  std::fprintf(stderr, "quantize: flag --device: cannot run %s: %s\n", path.c_str(), std::strerror(errno));
+  return 2;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i)
+    if (std::strcmp(argv[i], "--device") == 0) return run_device_benchmark(argc, argv);
   Options o;
   try {
     bool help = false;

@@ -21,18 +21,27 @@ fi
 echo "== build" | tee -a "$out/summary.txt"
 mapfile -t gpu_targets < <(cd "$root/tests/gpu" && ls test_*.cu | sed 's/\.cu$//; s/^/gpu_/')
 if ! cmake --build "$build" -j "$(nproc)" --target "${gpu_targets[@]}" bench_quantize_device \
-  >"$out/build.log" 2>&1; then
+  bench_collectives_device quickstart_device >"$out/build.log" 2>&1; then
   echo "build failed (see build.log)" | tee -a "$out/summary.txt"
   exit 1
 fi
 
 for exe in "$build"/tests/gpu/test_*; do
   name="$(basename "$exe")"
-  timeout 300 "$exe" >"$out/$name.log" 2>&1
+  timeout 120 "$exe" >"$out/$name.log" 2>&1
   rc=$?
   echo "$name: exit $rc" | tee -a "$out/summary.txt"
   [ "$rc" -eq 0 ] || status=1
 done
-timeout 240 "$build/bin/bench_quantize_device" >"$out/bench_quantize_device.txt" 2>&1
+timeout 60 "$build/bin/quickstart_device" >"$out/quickstart_device.txt" 2>&1
+rc=$?
+echo "quickstart_device: exit $rc" | tee -a "$out/summary.txt"
+[ "$rc" -eq 0 ] || status=1
+timeout 150 "$build/bin/bench_quantize_device" >"$out/bench_quantize_device.txt" 2>&1
 echo "bench_quantize_device: exit $?" | tee -a "$out/summary.txt"
+timeout 90 "$build/bin/bench_collectives_device" >"$out/bench_collectives_device.txt" 2>&1
+echo "bench_collectives_device: exit $?" | tee -a "$out/summary.txt"
+timeout 60 "$build/bin/bench_collectives_device" --graph --sizes 4M,64M -w 2 \
+  >"$out/bench_collectives_device_graph.txt" 2>&1
+echo "bench_collectives_device --graph: exit $?" | tee -a "$out/summary.txt"
 exit "$status"

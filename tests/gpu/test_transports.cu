@@ -1,6 +1,7 @@
-// The device transports: CudaLocalTransport (threads sharing one GPU) with 2..8 ranks, and
-// NcclTransport on a one-rank communicator (ncclCommInitAll on one GPU) when NCCL is available.
-// Expected buffers are built from the definition of each collective, never from the transport.
+// The device transports: CudaLocalTransport (threads sharing one GPU) with 2..8 ranks, called
+// directly and replayed from CUDA graphs, and NcclTransport on a one-rank communicator
+// (ncclCommInitAll on one GPU) when NCCL is available. Expected buffers are built from the
+// definition of each collective, never from the transport.
 //
 // Exits with 77 (reported as skipped by CTest) when there is no CUDA device.
 
@@ -275,6 +276,157 @@ TEST_CASE("cuda_local: bad arguments and disagreeing ranks") {
   CHECK_THROWS_AS(qcoll::CudaLocalGroup(2, {}, -1), qcoll::Error);
   CHECK_THROWS_AS(qcoll::CudaLocalGroup(0), qcoll::Error);
   CHECK_THROWS_AS(qcoll::CudaLocalGroup(2, {0}), qcoll::Error);
+  // The protocol's timeout must be at least one millisecond; the message names the argument.
+  for (long long bad : {0LL, -5LL}) {
+    CAPTURE(bad);
+    std::string what;
+    try {
+      qcoll::CudaLocalGroup g(2, {}, 0, bad);
+    } catch (const qcoll::Error& e) {
+      what = e.what();
+    }
+    CHECK(what.find("timeout_ms") != std::string::npos);
+  }
+  CHECK(qcoll::CudaLocalGroup(2, {}, 0, 1).timeout_ms() == 1);
+}
+
+// ---------------------------------------------------------------------------------------------
+// CUDA graphs
+// ---------------------------------------------------------------------------------------------
+
+//! Byte i of block b that rank r sends in iteration `iter` of the graph test. c = 64 iter + 8 r +
+//! b + 1 takes 256 consecutive values for iter < 4 and r, b < 8, so c is distinct modulo 256, and
+//! so is c * 37 (37 is odd): data of another iteration, rank or block differs at byte 0 already.
+__host__ __device__ unsigned char graph_pattern(unsigned iter, int r, int b, std::size_t i) {
+  const unsigned c = 64u * iter + 8u * static_cast<unsigned>(r) + static_cast<unsigned>(b) + 1u;
+  return static_cast<unsigned char>(c * 37u + static_cast<unsigned>(i) * 7u);
+}
+
+//! The all_gather block of the graph test uses block index 7; the all_to_all blocks use 0..world-1.
+constexpr int kGatherBlock = 7;
+
+//! Fills this rank's send buffers for iteration *iter, then advances *iter (one block: every
+//! thread reads *iter before the barrier, thread 0 writes it after).
+__global__ void graph_fill_kernel(unsigned* iter, int rank, int world, unsigned char* gather_send,
+                                  unsigned char* a2a_send, std::size_t bytes) {
+  const unsigned it = *iter;
+  for (std::size_t i = threadIdx.x; i < bytes; i += blockDim.x) {
+    gather_send[i] = graph_pattern(it, rank, kGatherBlock, i);
+    for (int j = 0; j < world; ++j)
+      a2a_send[static_cast<std::size_t>(j) * bytes + i] = graph_pattern(it, rank, j, i);
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) *iter = it + 1;
+}
+
+//! Owning graph and executable graph.
+struct Graph {
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  Graph() = default;
+  Graph(const Graph&) = delete;
+  Graph& operator=(const Graph&) = delete;
+  ~Graph() {
+    if (exec != nullptr) (void)cudaGraphExecDestroy(exec);
+    if (graph != nullptr) (void)cudaGraphDestroy(graph);
+  }
+};
+
+TEST_CASE("cuda_local all_gather and all_to_all captured in a CUDA graph and replayed") {
+  const int world = 4;
+  // A 20 s bound on each wait: a protocol fault traps well inside the test's time instead of
+  // after the default 120 s.
+  qcoll::CudaLocalGroup group(world, {0, 0, 1, 1}, 0, 20000);
+  Failures fails;
+  group.run([&](qcoll::CudaLocalTransport& t) {
+    const int me = t.rank();
+    const std::string who = "rank " + std::to_string(me);
+    const cudaStream_t s = t.stream();
+    // Sub-group by parity, ordered by rank: {0, 2} and {1, 3}; sub rank k is parent me % 2 + 2k.
+    qcoll::CudaLocalTransport sub = t.split(me % 2, me);
+    const std::size_t total = kBytes * static_cast<std::size_t>(world);
+    DeviceBytes iter(sizeof(unsigned)), gsend(kBytes), grecv(total), srecv(2 * kBytes), asend(total),
+        arecv(total);
+    TEST_CUDA(cudaMemsetAsync(iter.get(), 0, sizeof(unsigned), s));
+
+    // One step: fill the send buffers for the current iteration (advancing the device counter),
+    // all_gather over the world and over the sub-group, all_to_all over the world.
+    const auto step = [&] {
+      graph_fill_kernel<<<1, 256, 0, s>>>(reinterpret_cast<unsigned*>(iter.get()), me, world, gsend.get(),
+                                          asend.get(), kBytes);
+      TEST_CUDA(cudaGetLastError());
+      t.all_gather(gsend.get(), grecv.get(), kBytes, s);
+      sub.all_gather(gsend.get(), srecv.get(), kBytes, s);
+      t.all_to_all(asend.get(), arecv.get(), kBytes, s);
+    };
+
+    Graph g;
+    TEST_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    try {
+      step();
+    } catch (...) {
+      cudaGraph_t broken = nullptr;
+      (void)cudaStreamEndCapture(s, &broken);
+      if (broken != nullptr) (void)cudaGraphDestroy(broken);
+      throw;
+    }
+    TEST_CUDA(cudaStreamEndCapture(s, &g.graph));
+    TEST_CUDA(cudaGraphInstantiate(&g.exec, g.graph, 0));
+    // Every rank finishes its set-up calls before any replay starts waiting for peers.
+    t.barrier();
+
+    // Iterations 0, 2, 3 replay the graph; iteration 1 makes the same calls directly.
+    for (unsigned k = 0; k < 4; ++k) {
+      if (k == 1)
+        step();
+      else
+        TEST_CUDA(cudaGraphLaunch(g.exec, s));
+      const std::vector<unsigned char> got_g = download(grecv.get(), total, s);
+      const std::vector<unsigned char> got_s = download(srecv.get(), 2 * kBytes, s);
+      const std::vector<unsigned char> got_a = download(arecv.get(), total, s);
+      for (int r = 0; r < world; ++r) {
+        for (std::size_t i = 0; i < kBytes; ++i) {
+          const std::size_t at = static_cast<std::size_t>(r) * kBytes + i;
+          if (got_g[at] != graph_pattern(k, r, kGatherBlock, i)) {
+            fails.add(who + " iteration " + std::to_string(k) + ": all_gather block " + std::to_string(r) +
+                      " differs at byte " + std::to_string(i));
+            break;
+          }
+        }
+        for (std::size_t i = 0; i < kBytes; ++i) {
+          const std::size_t at = static_cast<std::size_t>(r) * kBytes + i;
+          if (got_a[at] != graph_pattern(k, r, me, i)) {
+            fails.add(who + " iteration " + std::to_string(k) + ": all_to_all block " + std::to_string(r) +
+                      " differs at byte " + std::to_string(i));
+            break;
+          }
+        }
+      }
+      for (int q = 0; q < 2; ++q) {
+        for (std::size_t i = 0; i < kBytes; ++i) {
+          if (got_s[static_cast<std::size_t>(q) * kBytes + i] !=
+              graph_pattern(k, me % 2 + 2 * q, kGatherBlock, i)) {
+            fails.add(who + " iteration " + std::to_string(k) + ": sub-group block " + std::to_string(q) +
+                      " differs at byte " + std::to_string(i));
+            break;
+          }
+        }
+      }
+    }
+    // The graph advanced the device counter on each of its 3 replays, the direct step once.
+    unsigned iterations = 0;
+    std::memcpy(&iterations, download(iter.get(), sizeof(unsigned), s).data(), sizeof(unsigned));
+    if (iterations != 4) fails.add(who + ": iteration counter " + std::to_string(iterations));
+    // Counters count enqueued calls: the captured ones once, the direct ones once; replays never.
+    if (t.counters().calls != 4 || sub.counters().calls != 2)
+      fails.add(who + ": counters " + std::to_string(t.counters().calls) + "/" +
+                std::to_string(sub.counters().calls));
+    // Nodes {0, 0, 1, 1}: each world call sends kBytes to 1 same-node and 2 other-node peers.
+    if (t.counters().intra_node != 4 * kBytes || t.counters().inter_node != 8 * kBytes)
+      fails.add(who + ": byte counters");
+    t.barrier();
+  });
+  for (const auto& m : fails.messages) FAIL_CHECK(m);
 }
 
 #if QCOLL_HAS_NCCL

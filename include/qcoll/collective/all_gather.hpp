@@ -18,7 +18,9 @@ QCOLL_NAMESPACE_BEGIN
 //!
 //! A plan is built once (collectively: every rank of `world` constructs it with the same layout
 //! and format) and called every step. Calls on host transports block until done; they allocate
-//! nothing. Wire bytes per rank: packed_bytes<F>(shard_numel) to each of the W - 1 peers.
+//! nothing. On device transports (CudaLocalTransport, NcclTransport; include <qcoll/qcoll.cuh>)
+//! the same call takes device buffers and is stream-ordered: see collective/device.cuh. Wire
+//! bytes per rank: packed_bytes<F>(shard_numel) to each of the W - 1 peers.
 template <class T, class F, class Transport>
 class QuantizedAllGather {
  public:
@@ -43,16 +45,38 @@ class QuantizedAllGather {
   //! Bytes of one rank's message on the wire.
   std::size_t message_bytes() const { return packed_bytes<F>(layout_.shard_numel()); }
 
-  //! Workspace the call needs, in bytes (aligned to kWorkspaceAlignment).
+  //! Workspace the call needs, in bytes (aligned to kWorkspaceAlignment; device memory for a
+  //! device transport).
   std::size_t workspace_bytes() const { return carve(nullptr).bytes; }
 
   //! Gathers: `shard` (shard_numel() elements, this rank's shard; may alias full + shard_offset(rank))
-  //! into `full` (padded_numel() elements). Returns kResultNonFinite if any rank's shard held NaN or
-  //! Inf (same on every rank), else 0. Arguments are checked on every rank before anything is
-  //! sent; a rank's bad argument raises qcoll::Error on all ranks. O(padded_numel) work.
-  std::uint32_t operator()(const T* shard, T* full, void* workspace, std::size_t workspace_bytes,
-                           typename Transport::stream_type stream = {}) {
-    static_assert(Transport::memory_space == MemorySpace::host, "the device data path is not available yet");
+  //! into `full` (padded_numel() elements). Host transports: returns kResultNonFinite if any rank's
+  //! shard held NaN or Inf (same on every rank), else 0; arguments are checked on every rank
+  //! before anything is sent, and a rank's bad argument raises qcoll::Error on all ranks. Device
+  //! transports: returns nothing, the flags go to the workspace (collective/device.cuh).
+  //! O(padded_numel) work.
+  auto operator()(const T* shard, T* full, void* workspace, std::size_t workspace_bytes,
+                  typename Transport::stream_type stream = {}) {
+    if constexpr (detail::on_device<Transport>) {
+      const std::string err = device_call(shard, full, workspace, workspace_bytes, stream, nullptr, ~0u);
+      if (!err.empty()) throw Error(err);
+    } else {
+      return host_call(shard, full, workspace, workspace_bytes);
+    }
+  }
+
+  //! The layout this plan gathers.
+  const ShardLayout& layout() const { return layout_; }
+
+  //! Device data path (collective/device.cuh): enqueues the call; returns this rank's argument
+  //! error ("" if none) after enqueuing its share of the exchange. `status`: the result word to
+  //! OR flags into (null: the workspace's own, reset first); `report`: the header flags reported.
+  std::string device_call(const T* shard, T* full, void* workspace, std::size_t workspace_bytes,
+                          typename Transport::stream_type stream, std::uint32_t* status,
+                          std::uint32_t report);
+
+ private:
+  std::uint32_t host_call(const T* shard, T* full, void* workspace, std::size_t workspace_bytes) {
     const char* fn = "QuantizedAllGather";
     const std::size_t S = layout_.shard_numel();
     const int r = world_.rank();
@@ -72,16 +96,12 @@ class QuantizedAllGather {
     const std::uint32_t result = detail::agree_on_call(world_, err, nonfinite, fn);
     detail::gather_and_decode<F>(
         world_, p, message_bytes(), S, full, [this](int q) { return layout_.shard_offset(q); },
-        [this](int q) { return layout_.valid_in_shard(q); }, stream, fn, "message from a peer");
+        [this](int q) { return layout_.valid_in_shard(q); }, fn, "message from a peer");
     return result;
   }
 
-  //! The layout this plan gathers.
-  const ShardLayout& layout() const { return layout_; }
-
- private:
   detail::GatherPieces carve(void* base) const {
-    return detail::carve_gather(base, message_bytes(), world_.size());
+    return detail::carve_gather(base, message_bytes(), world_.size(), detail::on_device<Transport>);
   }
   std::string describe() const {
     return std::string("all-gather of ") + dtype_name(dtype_of<T>::value) + " as " + format_name(F::id) +

@@ -28,6 +28,12 @@ enum class Reduce : std::uint8_t {
 
 //! Result flag of a call: some rank's input held NaN or ±Inf (the same on every rank).
 constexpr std::uint32_t kResultNonFinite = kFlagNonFinite;
+//! Result flag of a device call: some rank rejected its arguments; this rank's output was not
+//! written. (Host calls throw on every rank instead.)
+constexpr std::uint32_t kResultRejected = kFlagRejected;
+//! Result flag of a device call: a received message did not match the plan; this rank's output
+//! was not written. (Host calls throw instead.)
+constexpr std::uint32_t kResultBadMessage = kFlagBadMessage;
 
 namespace detail {
 
@@ -144,8 +150,31 @@ void sum_messages(const unsigned char* msgs, std::size_t stride, int count, std:
   }
 }
 
-//! Workspace of a gather: this rank's message, then one message per rank of the group.
+//! The head of a device plan's workspace: the call's result flags word (at offset 0, read with
+//! gpu::read_result_flags), then the quantizers' scratch (NVFP4's running absmax).
+struct DeviceControl {
+  std::uint32_t* status = nullptr;
+  std::uint32_t* scratch = nullptr;
+};
+
+//! Takes the DeviceControl pieces when `device`, nothing otherwise (host plans return their flags).
+inline DeviceControl take_control(WorkspaceCarver& c, bool device) {
+  DeviceControl d;
+  if (device) {
+    d.status = c.take<std::uint32_t>(1);
+    d.scratch = c.take<std::uint32_t>(1);
+  }
+  return d;
+}
+
+//! True for transports whose collectives move device memory.
+template <class Transport>
+constexpr bool on_device = Transport::memory_space == MemorySpace::device;
+
+//! Workspace of a gather: (device: the control words,) this rank's message, then one message per
+//! rank of the group.
 struct GatherPieces {
+  DeviceControl control;
   unsigned char* send;
   unsigned char* recv;
   std::size_t bytes;
@@ -153,11 +182,12 @@ struct GatherPieces {
 
 //! Carves (or, with base == nullptr, measures) the workspace of a gather of `ranks` messages of
 //! `message_bytes` each.
-inline GatherPieces carve_gather(void* base, std::size_t message_bytes, int ranks) {
+inline GatherPieces carve_gather(void* base, std::size_t message_bytes, int ranks, bool device) {
   WorkspaceCarver c(base);
+  const DeviceControl control = take_control(c, device);
   unsigned char* send = c.take<unsigned char>(message_bytes);
   unsigned char* recv = c.take<unsigned char>(message_bytes * static_cast<std::size_t>(ranks));
-  return GatherPieces{send, recv, c.bytes()};
+  return GatherPieces{control, send, recv, c.bytes()};
 }
 
 //! Gathers the messages in p.send over `t` and decodes message q (n elements of F) into
@@ -165,9 +195,8 @@ inline GatherPieces carve_gather(void* base, std::size_t message_bytes, int rank
 //! header. `what` names the senders in errors.
 template <class F, class T, class Transport, class Offset, class Valid>
 void gather_and_decode(Transport& t, const GatherPieces& p, std::size_t message_bytes, std::size_t n, T* out,
-                       Offset&& offset, Valid&& valid, typename Transport::stream_type stream,
-                       const char* function, const char* what) {
-  t.all_gather(p.send, p.recv, message_bytes, stream);
+                       Offset&& offset, Valid&& valid, const char* function, const char* what) {
+  t.all_gather(p.send, p.recv, message_bytes);
   for (int q = 0; q < t.size(); ++q) {
     const unsigned char* msg = p.recv + static_cast<std::size_t>(q) * message_bytes;
     host::detail::read_header<F>(msg, n, function, what);

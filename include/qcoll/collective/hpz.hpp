@@ -6,12 +6,19 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "common.hpp"
 
 QCOLL_NAMESPACE_BEGIN
+
+namespace detail {
+//! Device memory for n elements of T, allocated once (defined in collective/device.cuh).
+template <class T>
+class DeviceStorage;
+}  // namespace detail
 
 //! Hierarchical partitioning (ZeRO++ hpZ). After the forward all-gather, capture() keeps this
 //! rank's secondary shard: the 1/L of the full padded buffer (L = ranks per node) that its local
@@ -22,7 +29,9 @@ QCOLL_NAMESPACE_BEGIN
 //!
 //! The secondary copy carries the weights generation it was taken from; gather() with any other
 //! generation throws (on every rank, before sending) instead of using stale weights. The copy is
-//! held in plan-owned storage allocated once at construction; calls allocate nothing.
+//! held in plan-owned storage allocated once at construction (device memory for a device
+//! transport); calls allocate nothing. On device transports capture() and gather() take device
+//! buffers and are stream-ordered (collective/device.cuh).
 template <class T, class F, class Transport>
 class SecondaryShard {
  public:
@@ -46,12 +55,19 @@ class SecondaryShard {
 
   //! Keeps this rank's secondary shard of `full` (padded_numel() elements, identical on all ranks,
   //! e.g. the output of the forward QuantizedAllGather) as weights generation `generation`. Local,
-  //! no communication. O(padded_numel / L).
-  void capture(const T* full, std::uint64_t generation) {
-    QCOLL_REQUIRE(full != nullptr || layout_.padded_numel() == 0, "SecondaryShard::capture", "full", "null",
+  //! no communication. O(padded_numel / L). Device transports: `full` is device memory and the
+  //! copy is enqueued on `stream` (null: the transport's stream).
+  void capture(const T* full, std::uint64_t generation, typename Transport::stream_type stream = {}) {
+    const char* fn = "SecondaryShard::capture";
+    QCOLL_REQUIRE(full != nullptr || layout_.padded_numel() == 0, fn, "full", "null",
                   "with padded_numel =", layout_.padded_numel());
     const T* from = full + secondary_.shard_offset(local_);
-    std::copy(from, from + secondary_.shard_numel(), storage_.begin());
+    if constexpr (detail::on_device<Transport>) {
+      storage_.assign_async(from, intra_, stream, fn);
+    } else {
+      (void)stream;
+      std::copy(from, from + secondary_.shard_numel(), storage_.begin());
+    }
     generation_ = generation;
     captured_ = true;
   }
@@ -66,16 +82,37 @@ class SecondaryShard {
   //! Bytes of one secondary shard's message on the wire.
   std::size_t message_bytes() const { return packed_bytes<F>(secondary_.shard_numel()); }
 
-  //! Workspace the gather needs, in bytes.
+  //! Workspace the gather needs, in bytes (device memory for a device transport).
   std::size_t workspace_bytes() const { return carve(nullptr).bytes; }
 
   //! Rebuilds `full` (padded_numel() elements) from the L secondary shards of this node, with an
   //! all-gather over the intra-node group only (no byte leaves the node). `generation` must equal
-  //! the captured one on every rank, else every rank throws qcoll::Error before sending. Returns
-  //! kResultNonFinite if a secondary shard held NaN or Inf.
-  std::uint32_t gather(T* full, std::uint64_t generation, void* workspace, std::size_t workspace_bytes,
-                       typename Transport::stream_type stream = {}) {
-    static_assert(Transport::memory_space == MemorySpace::host, "the device data path is not available yet");
+  //! the captured one on every rank, else every rank throws qcoll::Error before sending. Host
+  //! transports: returns kResultNonFinite if a secondary shard held NaN or Inf. Device transports:
+  //! returns nothing, the flags go to the workspace (collective/device.cuh), and a stale
+  //! generation is a rejected argument (this rank throws, its node peers get kResultRejected).
+  auto gather(T* full, std::uint64_t generation, void* workspace, std::size_t workspace_bytes,
+              typename Transport::stream_type stream = {}) {
+    if constexpr (detail::on_device<Transport>) {
+      const std::string err = device_gather(full, generation, workspace, workspace_bytes, stream);
+      if (!err.empty()) throw Error(err);
+    } else {
+      return host_gather(full, generation, workspace, workspace_bytes);
+    }
+  }
+
+  //! The intra-node group this plan gathers over (its byte counters show the hpZ traffic).
+  const SubTransport& intra_node() const { return intra_; }
+  //! The secondary layout (L shards of the padded buffer).
+  const SecondaryLayout& secondary_layout() const { return secondary_; }
+
+ private:
+  using Storage = std::conditional_t<detail::on_device<Transport>, detail::DeviceStorage<T>, std::vector<T>>;
+
+  std::string device_gather(T* full, std::uint64_t generation, void* workspace, std::size_t workspace_bytes,
+                            typename Transport::stream_type stream);
+
+  std::uint32_t host_gather(T* full, std::uint64_t generation, void* workspace, std::size_t workspace_bytes) {
     const char* fn = "SecondaryShard::gather";
     const std::size_t S = secondary_.shard_numel();
     const detail::GatherPieces p = carve(workspace);
@@ -105,19 +142,13 @@ class SecondaryShard {
     const std::size_t numel = layout_.numel();
     detail::gather_and_decode<F>(
         intra_, p, message_bytes(), S, full, [this](int j) { return secondary_.shard_offset(j); },
-        [&](int j) { return valid_elements_in(numel, secondary_.shard_offset(j), S); }, stream, fn,
+        [&](int j) { return valid_elements_in(numel, secondary_.shard_offset(j), S); }, fn,
         "message from a node peer");
     return result;
   }
 
-  //! The intra-node group this plan gathers over (its byte counters show the hpZ traffic).
-  const SubTransport& intra_node() const { return intra_; }
-  //! The secondary layout (L shards of the padded buffer).
-  const SecondaryLayout& secondary_layout() const { return secondary_; }
-
- private:
   detail::GatherPieces carve(void* base) const {
-    return detail::carve_gather(base, message_bytes(), secondary_.parts());
+    return detail::carve_gather(base, message_bytes(), secondary_.parts(), detail::on_device<Transport>);
   }
   static SecondaryLayout checked(Transport& world, const Topology& topo, const ShardLayout& layout) {
     const std::string err = detail::local_check([&] {
@@ -137,7 +168,7 @@ class SecondaryShard {
   SecondaryLayout secondary_;
   SubTransport intra_;
   int local_;
-  std::vector<T> storage_;
+  Storage storage_;
   std::uint64_t generation_ = 0;
   bool captured_ = false;
 };

@@ -33,7 +33,9 @@ enum class Hops : std::uint8_t {
 //!
 //! Construction is collective over `world` (it splits off the intra- and inter-node groups for two
 //! hops). Calls on host transports block, allocate nothing, and check every argument on every
-//! rank before anything is sent. Stochastic rounding (opt) uses a per-rank, per-hop key.
+//! rank before anything is sent. On device transports the call takes device buffers and is
+//! stream-ordered (collective/device.cuh); the results are the host path's, bit for bit.
+//! Stochastic rounding (opt) uses a per-rank, per-hop key.
 template <class T, class F1, class F2, class Transport>
 class QuantizedReduceScatter {
  public:
@@ -70,16 +72,38 @@ class QuantizedReduceScatter {
     return hops_ == Hops::two ? packed_bytes<F2>(layout_.shard_numel()) : 0;
   }
 
-  //! Workspace the call needs, in bytes.
+  //! Workspace the call needs, in bytes (device memory for a device transport).
   std::size_t workspace_bytes() const { return carve(nullptr).bytes; }
 
   //! Reduces `grad` (padded_numel() elements; elements >= numel are ignored) over all ranks into
   //! `shard` (shard_numel() elements: this rank's slice; padding written as 0). `grad` and `shard`
-  //! must not overlap. Returns kResultNonFinite if any rank's gradient held NaN or Inf (same on
-  //! every rank); such values turn their blocks into NaN wherever they land.
-  std::uint32_t operator()(const T* grad, T* shard, void* workspace, std::size_t workspace_bytes,
-                           typename Transport::stream_type stream = {}) {
-    static_assert(Transport::memory_space == MemorySpace::host, "the device data path is not available yet");
+  //! must not overlap. Host transports: returns kResultNonFinite if any rank's gradient held NaN or
+  //! Inf (same on every rank); such values turn their blocks into NaN wherever they land. Device
+  //! transports: returns nothing, the flags go to the workspace (collective/device.cuh).
+  auto operator()(const T* grad, T* shard, void* workspace, std::size_t workspace_bytes,
+                  typename Transport::stream_type stream = {}) {
+    if constexpr (detail::on_device<Transport>) {
+      const std::string err = device_call(grad, shard, workspace, workspace_bytes, stream, nullptr, ~0u);
+      if (!err.empty()) throw Error(err);
+    } else {
+      return host_call(grad, shard, workspace, workspace_bytes);
+    }
+  }
+
+  //! Device data path (collective/device.cuh), as QuantizedAllGather::device_call.
+  std::string device_call(const T* grad, T* shard, void* workspace, std::size_t workspace_bytes,
+                          typename Transport::stream_type stream, std::uint32_t* status,
+                          std::uint32_t report);
+
+  //! The intra-node group of the first hop (two hops) — its counters show hop-1 traffic.
+  const SubTransport& intra_node() const { return intra_; }
+  //! The inter-node group of the second hop (two hops) — its counters show hop-2 traffic.
+  const SubTransport& inter_node() const { return inter_; }
+  //! The layout this plan reduces.
+  const ShardLayout& layout() const { return layout_; }
+
+ private:
+  std::uint32_t host_call(const T* grad, T* shard, void* workspace, std::size_t workspace_bytes) {
     const char* fn = "QuantizedReduceScatter";
     const Pieces p = carve(workspace);
     const std::size_t S = layout_.shard_numel();
@@ -97,13 +121,13 @@ class QuantizedReduceScatter {
     const std::uint32_t result = detail::agree_on_call(world_, err, nonfinite, fn);
     const int r = world_.rank();
     if (hops_ == Hops::one) {
-      world_.all_to_all(p.send1, p.recv1, hop1_message_bytes(), stream);
+      world_.all_to_all(p.send1, p.recv1, hop1_message_bytes());
       detail::sum_messages<F1>(p.recv1, hop1_message_bytes(), world_.size(), S, layout_.valid_in_shard(r),
                                p.acc, fn);
     } else {
       const int N = topo_.num_nodes(), L = topo_.ranks_per_node(), j = topo_.local_index();
       const std::size_t n1 = hop1_count();
-      intra_.all_to_all(p.send1, p.recv1, hop1_message_bytes(), stream);
+      intra_.all_to_all(p.send1, p.recv1, hop1_message_bytes());
       detail::sum_messages<F1>(p.recv1, hop1_message_bytes(), L, n1, n1, p.acc, fn);
       // Re-quantize the N node slices of the partial sum, one message per node.
       host::QuantizeOptions o = opt_;
@@ -118,7 +142,7 @@ class QuantizedReduceScatter {
                                                   layout_.valid_in_shard(owner)},
             p.send2 + static_cast<std::size_t>(m) * P2, o);
       }
-      inter_.all_to_all(p.send2, p.recv2, P2, stream);
+      inter_.all_to_all(p.send2, p.recv2, P2);
       detail::sum_messages<F2>(p.recv2, P2, N, S, layout_.valid_in_shard(r), p.acc, fn);
     }
     const std::size_t valid = layout_.valid_in_shard(r);
@@ -129,15 +153,9 @@ class QuantizedReduceScatter {
     return result;
   }
 
-  //! The intra-node group of the first hop (two hops) — its counters show hop-1 traffic.
-  const SubTransport& intra_node() const { return intra_; }
-  //! The inter-node group of the second hop (two hops) — its counters show hop-2 traffic.
-  const SubTransport& inter_node() const { return inter_; }
-  //! The layout this plan reduces.
-  const ShardLayout& layout() const { return layout_; }
-
- private:
   struct Pieces {
+    detail::DeviceControl control;
+    int* table;  // device: Topology::rank_at_table() for the qgZ reorder (two hops)
     unsigned char* send1;
     unsigned char* recv1;
     unsigned char* send2;
@@ -158,12 +176,15 @@ class QuantizedReduceScatter {
     const std::size_t P1 = hop1_message_bytes(), P2 = hop2_message_bytes();
     const std::size_t k1 = static_cast<std::size_t>(hop1_messages());
     const std::size_t k2 = static_cast<std::size_t>(topo_.num_nodes());
+    constexpr bool device = detail::on_device<Transport>;
     Pieces p{};
+    p.control = detail::take_control(c, device);
+    p.table = c.take<int>(device && hops_ == Hops::two ? rank_at_.size() : 0);
     p.send1 = c.take<unsigned char>(P1 * k1);
     p.recv1 = c.take<unsigned char>(P1 * k1);
     p.send2 = c.take<unsigned char>(hops_ == Hops::two ? P2 * k2 : 0);
     p.recv2 = c.take<unsigned char>(hops_ == Hops::two ? P2 * k2 : 0);
-    p.acc = c.take<float>(hop1_count());
+    p.acc = c.take<float>(device ? 0 : hop1_count());  // device: sums are formed on the fly
     p.bytes = c.bytes();
     return p;
   }
@@ -184,16 +205,16 @@ class QuantizedReduceScatter {
       return bad;
     }
     const int N = topo_.num_nodes(), L = topo_.ranks_per_node();
-    const std::size_t numel = layout_.numel();
-    const int* table = rank_at_.data();
+    const std::size_t n1 = hop1_count();
     for (int j = 0; j < L; ++j) {
-      const std::size_t first = static_cast<std::size_t>(j) * N * S;  // reordered position of chunk j
+      const std::size_t first = static_cast<std::size_t>(j) * n1;  // reordered position of chunk j
+      const SourceMap map = SourceMap::qgz(layout_.numel(), S, N, L, rank_at_.data(), first);
       o.index_base = first;
       bad |= host::detail::quantize_blocks<F1, T>(
-                 static_cast<std::size_t>(N) * S,
+                 n1,
                  [&](std::size_t b) {
-                   const std::size_t src = qgz_source_offset(first + b * F1::block, S, N, L, table);
-                   return host::detail::BlockSource<T>{grad + src, valid_elements_in(numel, src, F1::block)};
+                   const MappedBlock mb = map_block(map, b, F1::block, n1);
+                   return host::detail::BlockSource<T>{grad + mb.offset, mb.valid};
                  },
                  send + static_cast<std::size_t>(j) * P1, o) != 0;
     }
@@ -249,16 +270,22 @@ class QuantizedAllReduce {
   std::size_t workspace_bytes() const { return carve(nullptr).bytes; }
 
   //! Reduces `in` (padded_numel() elements) over all ranks into `out` (padded_numel() elements).
-  //! `in` and `out` may be the same buffer. Returns kResultNonFinite as the reduce-scatter does.
-  std::uint32_t operator()(const T* in, T* out, void* workspace, std::size_t workspace_bytes,
-                           typename Transport::stream_type stream = {}) {
-    const Pieces p = carve(workspace);
-    const std::string err = detail::local_check(
-        [&] { detail::check_workspace("QuantizedAllReduce", workspace, workspace_bytes, p.bytes); });
-    detail::agree_on_call(world_, err, false, "QuantizedAllReduce");
-    const std::uint32_t flags = rs_(in, p.shard, p.inner, p.inner_bytes, stream);
-    ag_(p.shard, out, p.inner, p.inner_bytes, stream);
-    return flags;
+  //! `in` and `out` may be the same buffer. Host transports: returns kResultNonFinite as the
+  //! reduce-scatter does. Device transports: returns nothing; the workspace's result flags carry
+  //! the reduce-scatter's kResultNonFinite and either stage's kResultRejected/kResultBadMessage.
+  auto operator()(const T* in, T* out, void* workspace, std::size_t workspace_bytes,
+                  typename Transport::stream_type stream = {}) {
+    if constexpr (detail::on_device<Transport>) {
+      device_call(in, out, workspace, workspace_bytes, stream);
+    } else {
+      const Pieces p = carve(workspace);
+      const std::string err = detail::local_check(
+          [&] { detail::check_workspace("QuantizedAllReduce", workspace, workspace_bytes, p.bytes); });
+      detail::agree_on_call(world_, err, false, "QuantizedAllReduce");
+      const std::uint32_t flags = rs_(in, p.shard, p.inner, p.inner_bytes, stream);
+      ag_(p.shard, out, p.inner, p.inner_bytes, stream);
+      return flags;
+    }
   }
 
   //! The reduce-scatter stage (its intra_node()/inter_node() groups carry the hop traffic).
@@ -268,14 +295,20 @@ class QuantizedAllReduce {
 
  private:
   struct Pieces {
+    detail::DeviceControl control;
     T* shard;
     void* inner;
     std::size_t inner_bytes;
     std::size_t bytes;
   };
+  // Device data path (collective/device.cuh); throws this rank's argument error after enqueuing.
+  void device_call(const T* in, T* out, void* workspace, std::size_t workspace_bytes,
+                   typename Transport::stream_type stream);
+
   Pieces carve(void* base) const {
     WorkspaceCarver c(base);
     Pieces p{};
+    p.control = detail::take_control(c, detail::on_device<Transport>);
     p.shard = c.take<T>(rs_.layout().shard_numel());
     p.inner_bytes = std::max(rs_.workspace_bytes(), ag_.workspace_bytes());
     p.inner = c.take<unsigned char>(p.inner_bytes);

@@ -42,78 +42,12 @@
 QCOLL_NAMESPACE_BEGIN
 namespace gpu {
 
-// ---------------------------------------------------------------------------------------------
-// Source maps: where each message block reads its input
-// ---------------------------------------------------------------------------------------------
-
-//! Describes where the blocks of a mapped quantization read their input: a plain run of the input
-//! buffer (identity), or the qgZ two-hop reorder of layout/qgz.hpp.
-//!
-//! Message element i sits at reordered position p = position0 + i. Its source offset in the input
-//! buffer is p (identity, shard_numel == 0) or qgz_source_offset(p, shard_numel, num_nodes,
-//! ranks_per_node, rank_at). Source offsets >= numel are padding: such elements are left out of
-//! the block statistics and get code 0, like the tail lanes of the last block. A plain value type;
-//! `rank_at` must point to device-accessible memory when the qgZ reorder is used.
-struct SourceMap {
-  std::size_t numel = 0;         //!< input elements holding data; offsets >= numel are padding
-  std::size_t position0 = 0;     //!< reordered position of message element 0
-  std::size_t shard_numel = 0;   //!< 0: identity map; else elements per primary shard (qgZ reorder)
-  int num_nodes = 1;             //!< N of the qgZ reorder
-  int ranks_per_node = 1;        //!< L of the qgZ reorder
-  const int* rank_at = nullptr;  //!< N * L ints, row-major [node][local] (Topology::rank_at_table())
-
-  //! Identity map: message element i reads input element position0 + i, if below numel.
-  static SourceMap identity(std::size_t numel, std::size_t position0 = 0) {
-    SourceMap m;
-    m.numel = numel;
-    m.position0 = position0;
-    return m;
-  }
-  //! qgZ two-hop reorder over `num_nodes` x `ranks_per_node` ranks with `shard_numel` elements per
-  //! shard; `rank_at` is a device copy of Topology::rank_at_table().
-  static SourceMap qgz(std::size_t numel, std::size_t shard_numel, int num_nodes, int ranks_per_node,
-                       const int* rank_at, std::size_t position0 = 0) {
-    SourceMap m;
-    m.numel = numel;
-    m.position0 = position0;
-    m.shard_numel = shard_numel;
-    m.num_nodes = num_nodes;
-    m.ranks_per_node = ranks_per_node;
-    m.rank_at = rank_at;
-    return m;
-  }
-};
-
-//! Where one message block reads from: its first element's source offset and how many of its
-//! elements hold data (the rest of the block is padding).
-struct MappedBlock {
-  std::size_t offset;  //!< source offset of the block's element 0
-  std::size_t valid;   //!< elements [0, valid) are read; [valid, block) are padding
-};
-
-//! Source offset of reordered position p under map m (identity or qgZ). O(1).
-QCOLL_HOST_DEVICE std::size_t map_position(const SourceMap& m, std::size_t p) {
-  return m.shard_numel == 0 ? p
-                            : qgz_source_offset(p, m.shard_numel, m.num_nodes, m.ranks_per_node, m.rank_at);
-}
-
-//! Source of block b of a message of n elements with `block` elements per block: offset
-//! map_position(position0 + b * block) and valid = min(block, n - b * block, numel - offset),
-//! 0 when offset >= numel. A host collective that builds the same message with
-//! host::detail::quantize_blocks returns BlockSource{in + offset, valid} for block b. Blocks never
-//! straddle a qgZ shard because quantize_mapped requires shard_numel and position0 to be multiples
-//! of the block. O(1).
-QCOLL_HOST_DEVICE MappedBlock map_block(const SourceMap& m, std::size_t b, std::size_t block, std::size_t n) {
-  const std::size_t first = b * block;
-  const std::size_t src = map_position(m, m.position0 + first);
-  std::size_t valid = n - first < block ? n - first : block;
-  if (src >= m.numel) {
-    valid = 0;
-  } else if (m.numel - src < valid) {
-    valid = m.numel - src;
-  }
-  return MappedBlock{src, valid};
-}
+// Source maps (where each message block reads its input) live in layout/qgz.hpp, shared with the
+// host collectives; these names keep them reachable as gpu::SourceMap etc.
+using ::qcoll::map_block;
+using ::qcoll::map_position;
+using ::qcoll::MappedBlock;
+using ::qcoll::SourceMap;
 
 //! Alignment (bytes) the workspace of the quantizers must have.
 constexpr std::size_t kWorkspaceAlignment = 16;
@@ -437,11 +371,23 @@ QCOLL_DEVICE float decode_one(const unsigned char* msg, std::size_t n, std::size
   return F::decode(read_code<F::code_bits>(msg + L::codes_offset, e), m);
 }
 
+//! What a reduction does to its fp32 sum at the end: multiply by `value` (dequantize_reduce's
+//! post_scale) or divide by it (a collective's mean: sum / world size, one rounding, as the host
+//! plans). Skipped when value is 1, which changes no bits either way.
+struct PostOp {
+  float value = 1.0f;
+  bool divide = false;
+  QCOLL_HOST_DEVICE float apply(float x) const {
+    if (value == 1.0f) return x;
+    return divide ? fp::div(x, value) : fp::mul(x, value);
+  }
+};
+
 //! The fp32 sum, in message order starting from +0, of k messages of n elements (message i at
-//! msgs + i * stride), times post_scale unless post_scale is 1; elements [e, e + N).
+//! msgs + i * stride), then post.apply; elements [e, e + N).
 template <class F, int N>
-QCOLL_DEVICE void reduce_run(const unsigned char* msgs, std::size_t stride, int k, std::size_t n,
-                             float post_scale, std::size_t e, bool aligned, float (&v)[N]) {
+QCOLL_DEVICE void reduce_run(const unsigned char* msgs, std::size_t stride, int k, std::size_t n, PostOp post,
+                             std::size_t e, bool aligned, float (&v)[N]) {
 #pragma unroll
   for (int j = 0; j < N; ++j) v[j] = 0.0f;
   for (int i = 0; i < k; ++i) {
@@ -450,20 +396,18 @@ QCOLL_DEVICE void reduce_run(const unsigned char* msgs, std::size_t stride, int 
 #pragma unroll
     for (int j = 0; j < N; ++j) v[j] = fp::add(v[j], d[j]);
   }
-  if (post_scale != 1.0f) {
 #pragma unroll
-    for (int j = 0; j < N; ++j) v[j] = fp::mul(v[j], post_scale);
-  }
+  for (int j = 0; j < N; ++j) v[j] = post.apply(v[j]);
 }
 
 //! reduce_run for one element.
 template <class F>
 QCOLL_DEVICE float reduce_one(const unsigned char* msgs, std::size_t stride, int k, std::size_t n,
-                              float post_scale, std::size_t e) {
+                              PostOp post, std::size_t e) {
   float v = 0.0f;
   for (int i = 0; i < k; ++i)
     v = fp::add(v, decode_one<F>(msgs + static_cast<std::size_t>(i) * stride, n, e));
-  return post_scale != 1.0f ? fp::mul(v, post_scale) : v;
+  return post.apply(v);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -548,32 +492,40 @@ struct TensorInput {
   }
 };
 
-//! The scaled fp32 sum of k messages of format F (see reduce_run).
+//! The fp32 sum (then post) of k messages of msg_n elements of format F, read from message
+//! element `first` on: element p of this input is the reduction of element first + p. Elements
+//! p >= valid (valid <= n) are padding: left out of the statistics, code 0. `first` and the
+//! message's block size keep every block of this input inside one block of F's messages when
+//! first is a multiple of the smaller of the two blocks and both are powers of two.
 template <class F>
 struct ReduceInput {
   static constexpr int kVec = 4;
   const unsigned char* msgs;
   std::size_t stride;
   int k;
-  std::size_t n;
-  float post_scale;
+  std::size_t msg_n;  // elements per source message
+  std::size_t first;  // source element of input element 0
+  std::size_t n;      // input elements (the message written has n elements)
+  std::size_t valid;  // input elements holding data
+  PostOp post;
   bool aligned;  // every message starts 16-byte aligned
 
   template <std::size_t Block>
   QCOLL_DEVICE Span span(std::size_t b) const {
-    const std::size_t first = b * Block;
-    const std::size_t valid = n - first < Block ? n - first : Block;
-    return Span{first, valid, aligned && valid == Block};
+    const std::size_t at = b * Block;
+    const std::size_t v = at >= valid ? 0 : (valid - at < Block ? valid - at : Block);
+    return Span{at, v, aligned && v == Block && (first + at) % kVec == 0};
   }
   QCOLL_DEVICE uint4 load(const Span& s, int e) const {
     float v[kVec];
     if (s.vec) {
-      reduce_run<F, kVec>(msgs, stride, k, n, post_scale, s.offset + static_cast<std::size_t>(e), true, v);
+      reduce_run<F, kVec>(msgs, stride, k, msg_n, post, first + s.offset + static_cast<std::size_t>(e), true,
+                          v);
     } else {
 #pragma unroll
       for (int j = 0; j < kVec; ++j) {
         const std::size_t i = static_cast<std::size_t>(e + j);
-        v[j] = i < s.valid ? reduce_one<F>(msgs, stride, k, n, post_scale, s.offset + i) : 0.0f;
+        v[j] = i < s.valid ? reduce_one<F>(msgs, stride, k, msg_n, post, first + s.offset + i) : 0.0f;
       }
     }
     return make_uint4(fp::bits(v[0]), fp::bits(v[1]), fp::bits(v[2]), fp::bits(v[3]));
@@ -583,13 +535,13 @@ struct ReduceInput {
     return fp::from_bits(j == 0 ? q.x : j == 1 ? q.y : j == 2 ? q.z : q.w);
   }
   QCOLL_DEVICE bool load_run(std::size_t p, float (&v)[kVec]) const {
-    if (p + kVec > n) return false;
-    reduce_run<F, kVec>(msgs, stride, k, n, post_scale, p, aligned, v);
+    if (p + kVec > valid || (first + p) % kVec != 0) return false;
+    reduce_run<F, kVec>(msgs, stride, k, msg_n, post, first + p, aligned, v);
     return true;
   }
-  QCOLL_DEVICE float load_one(std::size_t p, bool& valid) const {
-    valid = p < n;
-    return valid ? reduce_one<F>(msgs, stride, k, n, post_scale, p) : 0.0f;
+  QCOLL_DEVICE float load_one(std::size_t p, bool& ok) const {
+    ok = p < valid;
+    return ok ? reduce_one<F>(msgs, stride, k, msg_n, post, first + p) : 0.0f;
   }
 };
 
@@ -921,33 +873,64 @@ __global__ void __launch_bounds__(kThreads)
   if (__syncthreads_or(bad ? 1 : 0) && threadIdx.x == 0) or_header_flags(out, kFlagNonFinite);
 }
 
-//! Decodes (kReduce = false: message 0 only) or sums k messages of n elements of F into out.
+//! Result flags that mean "do not write the output" (a rank rejected its arguments, or a
+//! received message did not match): see guard_tripped.
+constexpr std::uint32_t kGuardFlags = kFlagRejected | kFlagBadMessage;
+
+//! True when `guard` (a device status word, or null) holds a flag of kGuardFlags.
+QCOLL_DEVICE bool guard_tripped(const std::uint32_t* guard) {
+  return guard != nullptr && (*static_cast<const volatile std::uint32_t*>(guard) & kGuardFlags) != 0;
+}
+
+//! Where a decode kernel writes: message q's element e goes to out[q * out_stride + e] (decode:
+//! one message per blockIdx.y; reduce: the k messages' sum, q = 0). Outputs at index >= limit get
+//! +0 instead of a decoded value (padding past a tensor's end). Nothing is written when `guard`
+//! has tripped (it is read once per thread, before any store).
+template <class T>
+struct DecodeTarget {
+  T* out;
+  std::size_t out_stride;
+  std::size_t limit;
+  const std::uint32_t* guard;
+};
+
+//! Decodes (kReduce = false: message blockIdx.y) or sums k messages of n elements of F into
+//! target (see DecodeTarget).
 template <class F, class T, bool kReduce>
 __global__ void __launch_bounds__(kThreads)
-    decode_kernel(const unsigned char* msgs, std::size_t stride, int k, std::size_t n, float post_scale,
-                  T* out, bool msg_aligned, bool out_aligned) {
+    decode_kernel(const unsigned char* msgs, std::size_t stride, int k, std::size_t n, PostOp post,
+                  DecodeTarget<T> target, bool msg_aligned, bool out_aligned) {
+  if (guard_tripped(target.guard)) return;
   constexpr int E = static_cast<int>(32 / sizeof(T));  // two 16-byte vectors of T per thread
+  const std::size_t q = kReduce ? 0 : blockIdx.y;
+  const unsigned char* const msg = msgs + q * stride;
+  T* const out = target.out + q * target.out_stride;
+  const std::size_t base = q * target.out_stride;
+  const std::size_t valid = target.limit <= base ? 0 : (target.limit - base < n ? target.limit - base : n);
   const std::size_t runs = (n + E - 1) / E;
   const std::size_t step = static_cast<std::size_t>(gridDim.x) * blockDim.x;
   for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < runs; i += step) {
     const std::size_t e = i * E;
-    if (e + E <= n) {
+    if (e + E <= valid) {
       float v[E];
       if constexpr (kReduce) {
-        reduce_run<F, E>(msgs, stride, k, n, post_scale, e, msg_aligned, v);
+        reduce_run<F, E>(msg, stride, k, n, post, e, msg_aligned, v);
       } else {
-        decode_run<F, E>(msgs, n, e, msg_aligned, v);
+        decode_run<F, E>(msg, n, e, msg_aligned, v);
       }
       store_elements<T, E>(out + e, v, out_aligned);
     } else {
-      for (std::size_t q = e; q < n; ++q) {
-        float x;
-        if constexpr (kReduce) {
-          x = reduce_one<F>(msgs, stride, k, n, post_scale, q);
-        } else {
-          x = decode_one<F>(msgs, n, q);
+      const std::size_t end = e + E < n ? e + E : n;
+      for (std::size_t p = e; p < end; ++p) {
+        float x = 0.0f;
+        if (p < valid) {
+          if constexpr (kReduce) {
+            x = reduce_one<F>(msg, stride, k, n, post, p);
+          } else {
+            x = decode_one<F>(msg, n, p);
+          }
         }
-        out[q] = from_float<T>(x);
+        out[p] = from_float<T>(x);
       }
     }
   }
@@ -1101,8 +1084,8 @@ void dequantize(const void* msg, std::size_t n, T* out, cudaStream_t stream) {
   constexpr std::size_t E = 32 / sizeof(T);
   detail::decode_kernel<F, T, false>
       <<<detail::grid_for((n + E - 1) / E, detail::kThreads), detail::kThreads, 0, stream>>>(
-          static_cast<const unsigned char*>(msg), 0, 1, n, 1.0f, out, detail::is_aligned16(msg),
-          detail::is_aligned16(out));
+          static_cast<const unsigned char*>(msg), 0, 1, n, detail::PostOp{},
+          detail::DecodeTarget<T>{out, 0, n, nullptr}, detail::is_aligned16(msg), detail::is_aligned16(out));
   QCOLL_CUDA_CHECK_LAUNCH();
 }
 
@@ -1136,8 +1119,8 @@ void dequantize_reduce(const void* msgs, std::size_t stride, int k, std::size_t 
   const bool aligned = detail::is_aligned16(msgs) && (k == 1 || stride % 16 == 0);
   detail::decode_kernel<F, T, true>
       <<<detail::grid_for((n + E - 1) / E, detail::kThreads), detail::kThreads, 0, stream>>>(
-          static_cast<const unsigned char*>(msgs), stride, k, n, post_scale, out, aligned,
-          detail::is_aligned16(out));
+          static_cast<const unsigned char*>(msgs), stride, k, n, detail::PostOp{post_scale, false},
+          detail::DecodeTarget<T>{out, 0, n, nullptr}, aligned, detail::is_aligned16(out));
   QCOLL_CUDA_CHECK_LAUNCH();
 }
 
@@ -1157,9 +1140,9 @@ void dequantize_reduce_requantize(const void* msgs, std::size_t stride, int k, s
   require_device_accessible(out_msg, fn, "out_msg");
   detail::check_workspace<F2>(workspace, workspace_size, n, fn);
   const bool aligned = detail::is_aligned16(msgs) && (k == 1 || stride % 16 == 0);
-  detail::launch_quantize<F2>(
-      detail::ReduceInput<F>{static_cast<const unsigned char*>(msgs), stride, k, n, post_scale, aligned},
-      out_msg, opt, stream, workspace);
+  detail::launch_quantize<F2>(detail::ReduceInput<F>{static_cast<const unsigned char*>(msgs), stride, k, n, 0,
+                                                     n, n, detail::PostOp{post_scale, false}, aligned},
+                              out_msg, opt, stream, workspace);
 }
 
 }  // namespace gpu

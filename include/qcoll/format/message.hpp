@@ -20,8 +20,15 @@
 
 QCOLL_NAMESPACE_BEGIN
 
-//! Header flag: some input element was NaN or ±Inf (its block decodes to NaN).
+//! Header flag: some input element was NaN or ±Inf (its block decodes to NaN). A device
+//! collective also sets it on every message of a sender whose input held one anywhere.
 constexpr std::uint32_t kFlagNonFinite = 1u;
+//! Header flag (device collectives): the sender, or a rank upstream of it, rejected its call's
+//! arguments; the message's codes are not data.
+constexpr std::uint32_t kFlagRejected = 2u;
+//! Header flag (device collectives): a message received upstream of the sender did not match the
+//! plan (magic, format, block or count); the message's codes are not data.
+constexpr std::uint32_t kFlagBadMessage = 4u;
 
 //! Magic number of a message header ("qC" little-endian).
 constexpr std::uint16_t kMessageMagic = 0x4371;

@@ -39,4 +39,73 @@ QCOLL_HOST_DEVICE std::size_t qgz_source_offset(std::size_t p, std::size_t shard
   return static_cast<std::size_t>(shard) * shard_numel + within;
 }
 
+//! Describes where the blocks of a mapped quantization (host collectives, gpu::quantize_mapped)
+//! read their input: a plain run of the input buffer (identity), or the qgZ two-hop reorder.
+//!
+//! Message element i sits at reordered position p = position0 + i. Its source offset in the input
+//! buffer is p (identity, shard_numel == 0) or qgz_source_offset(p, shard_numel, num_nodes,
+//! ranks_per_node, rank_at). Source offsets >= numel are padding: such elements are left out of
+//! the block statistics and get code 0, like the tail lanes of the last block. A plain value type;
+//! `rank_at` must point to device-accessible memory when the qgZ reorder is used.
+struct SourceMap {
+  std::size_t numel = 0;         //!< input elements holding data; offsets >= numel are padding
+  std::size_t position0 = 0;     //!< reordered position of message element 0
+  std::size_t shard_numel = 0;   //!< 0: identity map; else elements per primary shard (qgZ reorder)
+  int num_nodes = 1;             //!< N of the qgZ reorder
+  int ranks_per_node = 1;        //!< L of the qgZ reorder
+  const int* rank_at = nullptr;  //!< N * L ints, row-major [node][local] (Topology::rank_at_table())
+
+  //! Identity map: message element i reads input element position0 + i, if below numel.
+  static SourceMap identity(std::size_t numel, std::size_t position0 = 0) {
+    SourceMap m;
+    m.numel = numel;
+    m.position0 = position0;
+    return m;
+  }
+  //! qgZ two-hop reorder over `num_nodes` x `ranks_per_node` ranks with `shard_numel` elements per
+  //! shard; `rank_at` is a device copy of Topology::rank_at_table().
+  static SourceMap qgz(std::size_t numel, std::size_t shard_numel, int num_nodes, int ranks_per_node,
+                       const int* rank_at, std::size_t position0 = 0) {
+    SourceMap m;
+    m.numel = numel;
+    m.position0 = position0;
+    m.shard_numel = shard_numel;
+    m.num_nodes = num_nodes;
+    m.ranks_per_node = ranks_per_node;
+    m.rank_at = rank_at;
+    return m;
+  }
+};
+
+//! Where one message block reads from: its first element's source offset and how many of its
+//! elements hold data (the rest of the block is padding).
+struct MappedBlock {
+  std::size_t offset;  //!< source offset of the block's element 0
+  std::size_t valid;   //!< elements [0, valid) are read; [valid, block) are padding
+};
+
+//! Source offset of reordered position p under map m (identity or qgZ). O(1).
+QCOLL_HOST_DEVICE std::size_t map_position(const SourceMap& m, std::size_t p) {
+  return m.shard_numel == 0 ? p
+                            : qgz_source_offset(p, m.shard_numel, m.num_nodes, m.ranks_per_node, m.rank_at);
+}
+
+//! Source of block b of a message of n elements with `block` elements per block: offset
+//! map_position(position0 + b * block) and valid = min(block, n - b * block, numel - offset),
+//! 0 when offset >= numel: the host collectives hand host::detail::quantize_blocks
+//! BlockSource{in + offset, valid} for block b, and the device kernels read the same elements.
+//! Blocks never straddle a qgZ shard when shard_numel and position0 are multiples of the block
+//! (the plans and gpu::quantize_mapped require it). O(1).
+QCOLL_HOST_DEVICE MappedBlock map_block(const SourceMap& m, std::size_t b, std::size_t block, std::size_t n) {
+  const std::size_t first = b * block;
+  const std::size_t src = map_position(m, m.position0 + first);
+  std::size_t valid = n - first < block ? n - first : block;
+  if (src >= m.numel) {
+    valid = 0;
+  } else if (m.numel - src < valid) {
+    valid = m.numel - src;
+  }
+  return MappedBlock{src, valid};
+}
+
 QCOLL_NAMESPACE_END

@@ -2,7 +2,8 @@
 //! \file
 //! The in-process device transport: ranks are host threads of one process sharing one GPU, each
 //! with its own stream; all_gather and all_to_all are stream-ordered device-to-device copies
-//! between the ranks' buffers. For tests and one-GPU use of the device code paths.
+//! between the ranks' buffers, ordered across ranks by a small device-side protocol, so calls can
+//! be captured in CUDA graphs. For tests and one-GPU use of the device code paths.
 //!
 //! \code
 //!   qcoll::CudaLocalGroup group(4);                          // 4 ranks on device 0
@@ -12,29 +13,61 @@
 //! \endcode
 //!
 //! Built on LocalGroup / LocalTransport (local.hpp): their host rendezvous carries each rank's
-//! call description (operation, size, send pointer, events), so ranks that disagree on a call
-//! all throw, and a rank that fails makes every collective of the run throw instead of hanging,
-//! exactly as for the host transport.
+//! call description (operation, size, send pointer), so ranks that disagree on a call all throw,
+//! and a rank that fails makes every collective of the run throw instead of hanging, exactly as
+//! for the host transport.
 //!
-//! Data collectives never synchronise the host with a stream. Each rank owns two events for the
-//! whole run: "ready", recorded on the caller's stream when the call starts (the send buffer is
-//! complete there), and "done", recorded after the rank's copies out of its peers' buffers. A
-//! call is: record ready; host exchange of call descriptions; wait on every peer's ready event
-//! (cudaStreamWaitEvent) and enqueue the copies from the peers' send buffers; record done; host
-//! rendezvous; make the caller's stream wait on every peer's done event, so work enqueued after
-//! the call (that may overwrite the send buffer) runs only once every peer has read it.
+//! **Protocol.** Every group (the run's world and every sub-group made by split()) owns device
+//! memory holding two 64-bit counters per rank, ready[W] and done[W]; slot i is written only by
+//! rank i, and both only grow. A data call of rank i on stream s is:
+//!   1. host exchange of call descriptions (the only host step: checks agreement, learns the
+//!      peers' send pointers);
+//!   2. an `arrive` kernel on s: e = ready[i] + 1, release-store ready[i] = e, then wait until
+//!      every peer's ready[r] >= e (acquire loads). Everything enqueued on each rank's stream
+//!      before the call (which wrote its send buffer) is then complete;
+//!   3. cudaMemcpyAsync copies from the peers' send buffers into recv, on s;
+//!   4. a `depart` kernel on s: e = done[i] + 1, release-store done[i] = e, then wait until every
+//!      peer's done[r] >= e. Every peer has then finished reading this rank's send buffer, so
+//!      work enqueued on s after the call may overwrite it, and this rank's recv is complete.
+//! No event, no host synchronisation, no allocation: the epoch e lives in device memory, so the
+//! same kernels work whether s is being captured or not.
+//!
+//! **CUDA graphs.** A call made while s is captured (use cudaStreamCaptureModeThreadLocal or
+//! Relaxed: the ranks capture concurrently on their own threads) does its host exchange at
+//! capture time and records the kernels and copies; the graph reads the peers' send pointers given
+//! at capture, which must stay allocated while the graph is used. Precondition: every rank runs
+//! the same sequence of data calls of a group on the device, counting a replay of a graph as the
+//! calls it captured: all ranks replay their graphs the same number of times, in the same order
+//! relative to each other and to direct calls. Calls of one group on one rank must be ordered on
+//! the device (one stream, or streams joined by events), as for NCCL. A replay has no host step:
+//! a failed rank makes its peers' next direct call throw, but their replays time out (below).
+//! counters() count calls when they are enqueued or captured, never at replay.
+//!
+//! **Never hangs silently.** The waits of step 2 and 4 give up after the group's timeout
+//! (CudaLocalGroup, default 120 s, measured with %globaltimer): the kernel prints one line (rank,
+//! epoch, peer) and executes a trap, so the CUDA context fails loudly (every later CUDA call of
+//! the process returns an error). Causes: a rank that stops making the calls its peers make (for
+//! example a rank that stops replaying a graph), or a rank whose kernels cannot start while its
+//! peers' kernels wait: a rank's thread blocked in a device-synchronising call (cudaFree,
+//! cudaDeviceSynchronize, stream creation) before it has enqueued its share, or more ranks than the
+//! device runs streams concurrently (CUDA_DEVICE_MAX_CONNECTIONS hardware queues, default 8).
 
 #include <cuda_runtime.h>
+#include <cuda/atomic>
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <exception>
+#include <limits>
 #include <memory>
+#include <mutex>
 #include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "../collective/device.cuh"  // the plans' device data path, for plans over this transport
 #include "../core/config.hpp"
 #include "../core/error.hpp"
 #include "../cuda/check.cuh"
@@ -45,49 +78,161 @@ QCOLL_NAMESPACE_BEGIN
 
 namespace detail {
 
-//! Per-rank CUDA resources of one CudaLocalGroup::run(): the rank's stream and its two events.
-//! Shared by the rank's transport and every sub-group transport split from it.
+//! The two steps of the device protocol (see the top of this file).
+enum class CudaLocalPhase : int { arrive = 0, depart = 1 };
+
+//! Nanoseconds of the GPU's global timer.
+__device__ __forceinline__ unsigned long long cuda_local_clock_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+//! Lets other warps run while a wait spins.
+__device__ __forceinline__ void cuda_local_pause(unsigned ns) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
+  __nanosleep(ns);
+#else
+  (void)ns;
+#endif
+}
+
+//! One step of the protocol for rank `me` (i below) of `n`: `counters` is the group's ready[] (arrive) or
+//! done[] (depart) array. Thread 0 bumps its own slot to epoch e with a release store, then waits
+//! (acquire loads) until every peer's slot is >= e; after `timeout_ns` it prints one line and
+//! traps. Launched <<<1, 32>>>; the other threads return at once.
+//!
+//! Why `>= e`: a rank's steps run one after the other on the device (arrive, depart, arrive, ...;
+//! precondition of the file), and every step's wait needs rank i's own slot. A peer's ready slot
+//! reaches e + 1 only after its depart of epoch e saw done[i] >= e, which rank i writes only after
+//! its arrive of epoch e has finished waiting; a peer's done slot reaches e + 1 only after its
+//! arrive of epoch e + 1 saw ready[i] >= e + 1, which rank i writes only after its depart of epoch
+//! e has finished waiting. So while rank i waits in a step of epoch e, each peer's slot in the
+//! array it reads is e - 1 or e, and a peer's slot in the other array is at most e + 1: no counter
+//! is ever more than one epoch ahead of rank i's. Seeing a value >= e therefore means exactly "the
+//! peer has reached this step", and `>=` would stay right even if a peer could be further ahead.
+template <CudaLocalPhase Phase>
+__global__ void __launch_bounds__(32)
+    cuda_local_phase_kernel(unsigned long long* counters, int me, int n, unsigned long long timeout_ns) {
+  if (threadIdx.x != 0) return;
+  using Counter = cuda::atomic_ref<unsigned long long, cuda::thread_scope_device>;
+  Counter mine(counters[me]);
+  const unsigned long long epoch = mine.load(cuda::memory_order_relaxed) + 1;  // written only here
+  mine.store(epoch, cuda::memory_order_release);
+  const unsigned long long start = cuda_local_clock_ns();
+  for (int r = 0; r < n; ++r) {
+    if (r == me) continue;
+    Counter peer(counters[r]);
+    unsigned pause_ns = 32;
+    while (peer.load(cuda::memory_order_acquire) < epoch) {
+      if (cuda_local_clock_ns() - start > timeout_ns) {
+        printf(
+            "qcoll::CudaLocalTransport: rank %d of %d timed out after %llu ms in %s of epoch %llu, waiting "
+            "for rank %d (at epoch %llu); trapping\n",
+            me, n, timeout_ns / 1000000ull, Phase == CudaLocalPhase::arrive ? "arrive" : "depart", epoch, r,
+            peer.load(cuda::memory_order_relaxed));
+        __trap();
+      }
+      cuda_local_pause(pause_ns);
+      if (pause_ns < 1024) pause_ns *= 2;
+    }
+  }
+}
+
+//! Makes a device current for its lifetime and restores the previous one.
+class CudaLocalDeviceScope {
+ public:
+  explicit CudaLocalDeviceScope(int device) {
+    QCOLL_CUDA_CHECK(cudaGetDevice(&previous_));
+    QCOLL_CUDA_CHECK(cudaSetDevice(device));
+  }
+  ~CudaLocalDeviceScope() { (void)cudaSetDevice(previous_); }
+  CudaLocalDeviceScope(const CudaLocalDeviceScope&) = delete;
+  CudaLocalDeviceScope& operator=(const CudaLocalDeviceScope&) = delete;
+
+ private:
+  int previous_ = 0;
+};
+
+//! State of one CudaLocalGroup::run() shared by all its transports: the device, the timeout of
+//! the protocol's waits, and the registry of the groups' counter allocations (freed when the run
+//! ends, after every thread has joined).
+class CudaLocalRunShared {
+ public:
+  CudaLocalRunShared(int device, unsigned long long timeout_ns) : device_(device), timeout_ns_(timeout_ns) {}
+  ~CudaLocalRunShared() { (void)release_all(); }
+  CudaLocalRunShared(const CudaLocalRunShared&) = delete;
+  CudaLocalRunShared& operator=(const CudaLocalRunShared&) = delete;
+
+  int device() const noexcept { return device_; }
+  unsigned long long timeout_ns() const noexcept { return timeout_ns_; }
+
+  //! Allocates the counters of a group of `n` ranks on the current device (ready[n] then
+  //! done[n], zero), registers them, and returns once the zeroing is complete (so any stream may
+  //! use them). Set-up only: blocks, and is not legal while the calling thread captures.
+  unsigned long long* allocate_counters(int n) {
+    const std::size_t bytes = 2 * static_cast<std::size_t>(n) * sizeof(unsigned long long);
+    void* p = nullptr;
+    QCOLL_CUDA_CHECK(cudaMalloc(&p, bytes));
+    try {
+      std::lock_guard<std::mutex> lk(mu_);
+      blocks_.push_back(p);
+    } catch (...) {
+      (void)cudaFree(p);
+      throw;
+    }
+    // From here on the registry frees p, also if the zeroing fails.
+    QCOLL_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, cudaStreamPerThread));
+    QCOLL_CUDA_CHECK(cudaStreamSynchronize(cudaStreamPerThread));
+    return static_cast<unsigned long long*>(p);
+  }
+
+  //! Waits for the device (a protocol kernel may still run on a stream the user gave), then frees
+  //! every registered allocation. Returns the result of the wait (frees in any case).
+  cudaError_t release_all() noexcept {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (blocks_.empty()) return cudaSuccess;
+    int previous = 0;
+    const bool restore = cudaGetDevice(&previous) == cudaSuccess;
+    (void)cudaSetDevice(device_);
+    const cudaError_t err = cudaDeviceSynchronize();
+    for (void* p : blocks_) (void)cudaFree(p);
+    blocks_.clear();
+    (void)cudaGetLastError();
+    if (restore) (void)cudaSetDevice(previous);
+    return err;
+  }
+
+ private:
+  int device_;
+  unsigned long long timeout_ns_;
+  std::mutex mu_;
+  std::vector<void*> blocks_;  // guarded by mu_
+};
+
+//! Per-rank CUDA resources of one CudaLocalGroup::run(): the rank's stream. Shared by the rank's
+//! transport and every sub-group transport split from it.
 class CudaLocalRankResources {
  public:
   explicit CudaLocalRankResources(int device) : device_(device) {
     QCOLL_CUDA_CHECK(cudaSetDevice(device));
-    try {
-      QCOLL_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-      QCOLL_CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
-      QCOLL_CUDA_CHECK(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
-    } catch (...) {
-      release();
-      throw;
-    }
+    QCOLL_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   }
-  ~CudaLocalRankResources() { release(); }
+  ~CudaLocalRankResources() {
+    // Errors are ignored: this runs on the way out, possibly while an exception propagates.
+    (void)cudaStreamSynchronize(stream_);
+    (void)cudaStreamDestroy(stream_);
+    (void)cudaGetLastError();
+  }
   CudaLocalRankResources(const CudaLocalRankResources&) = delete;
   CudaLocalRankResources& operator=(const CudaLocalRankResources&) = delete;
 
   int device() const noexcept { return device_; }
   cudaStream_t stream() const noexcept { return stream_; }
-  cudaEvent_t ready() const noexcept { return ready_; }
-  cudaEvent_t done() const noexcept { return done_; }
 
  private:
-  void release() noexcept {
-    // Errors are ignored: this runs on the way out, possibly while an exception propagates.
-    if (stream_ != nullptr) {
-      (void)cudaStreamSynchronize(stream_);
-      (void)cudaStreamDestroy(stream_);
-    }
-    if (ready_ != nullptr) (void)cudaEventDestroy(ready_);
-    if (done_ != nullptr) (void)cudaEventDestroy(done_);
-    (void)cudaGetLastError();
-    stream_ = nullptr;
-    ready_ = nullptr;
-    done_ = nullptr;
-  }
-
   int device_ = 0;
   cudaStream_t stream_ = nullptr;
-  cudaEvent_t ready_ = nullptr;
-  cudaEvent_t done_ = nullptr;
 };
 
 //! What a rank of a CudaLocalTransport publishes for a data collective (exchanged on the host).
@@ -95,8 +240,6 @@ struct CudaLocalCall {
   int op = 0;  // 1 all_gather, 2 all_to_all
   std::size_t bytes = 0;
   const void* send = nullptr;
-  cudaEvent_t ready = nullptr;
-  cudaEvent_t done = nullptr;
 };
 
 }  // namespace detail
@@ -134,8 +277,9 @@ class CudaLocalTransport {
   //! rank r's block at offset r * bytes_per_rank), ordered on `stream` (null: stream()). In place
   //! when send == recv + rank() * bytes_per_rank; otherwise send must not overlap recv. Buffers
   //! must be device-accessible (cudaMalloc, managed or pinned). Returns without waiting for the
-  //! copies; `send` may be overwritten by work enqueued on `stream` after the call. Each rank
-  //! enqueues size() - 1 (or size() when not in place) copies; no allocation.
+  //! copies; `send` may be overwritten by work enqueued on `stream` after the call. Capturable
+  //! (see the file's comment). Enqueues two one-warp kernels (none with one rank or zero bytes)
+  //! and size() - 1 (or size() when not in place) copies; no allocation, no host synchronisation.
   void all_gather(const void* send, void* recv, std::size_t bytes_per_rank, stream_type stream = {}) {
     const char* fn = "CudaLocalTransport::all_gather";
     const bool in_place = detail::check_all_gather(fn, send, recv, bytes_per_rank, rank(), size());
@@ -148,7 +292,8 @@ class CudaLocalTransport {
 
   //! Personalised exchange on `stream` (null: stream()): block j of `send` goes to rank j, block i
   //! of `recv` comes from rank i (blocks of `bytes_per_rank` bytes; both buffers hold size()
-  //! blocks, device-accessible, not overlapping). Same ordering guarantees as all_gather.
+  //! blocks, device-accessible, not overlapping). Same ordering guarantees and costs as
+  //! all_gather (size() copies).
   void all_to_all(const void* send, void* recv, std::size_t bytes_per_rank, stream_type stream = {}) {
     const char* fn = "CudaLocalTransport::all_to_all";
     detail::check_all_to_all(fn, send, recv, bytes_per_rank, size());
@@ -161,7 +306,7 @@ class CudaLocalTransport {
 
   //! In-place reduction of `count` 64-bit words of host memory over the group; every rank gets
   //! the same result. Runs on the host and blocks (a host rendezvous); meant for set-up and
-  //! control (flags, fingerprints), not per-step data. Not counted in counters().
+  //! control (flags, fingerprints), not per-step data; not capturable. Not counted in counters().
   void all_reduce(std::uint64_t* data, std::size_t count, ReduceOp op) {
     detail::check_all_reduce("CudaLocalTransport::all_reduce", data, count, op);
     host_->all_reduce(data, count, op);
@@ -171,16 +316,38 @@ class CudaLocalTransport {
   //! any stream).
   void barrier() { host_->barrier(); }
 
-  //! Collective: ranks with the same `color` (>= 0) form a sub-group ordered by (key, rank); node
-  //! ids are carried over. The result shares this rank's stream and events, has its own counters
-  //! (zero) and belongs to the same run (a failure anywhere aborts it too).
+  //! Collective, set-up only (blocks; not while capturing): ranks with the same `color` (>= 0)
+  //! form a sub-group ordered by (key, rank); node ids are carried over. The sub-group's rank 0
+  //! allocates its device counters (2 * its size 64-bit words, freed when run() ends, so split
+  //! once and keep the result rather than splitting every step). The result shares this rank's
+  //! stream, has its own counters() (zero) and belongs to the same run (a failure anywhere
+  //! aborts it too).
   CudaLocalTransport split(int color, int key) {
     QCOLL_REQUIRE(color >= 0, "CudaLocalTransport::split", "color", color, "is below", 0);
     auto sub = std::make_unique<LocalTransport>(host_->split(color, key));
-    return CudaLocalTransport(std::move(sub), res_);
+    // Rank 0 of the sub-group allocates; a failure still takes part in the exchange (with a null
+    // pointer), so the other members throw instead of waiting.
+    unsigned long long* mine = nullptr;
+    std::exception_ptr failure;
+    if (sub->rank() == 0) {
+      try {
+        mine = shared_->allocate_counters(sub->size());
+      } catch (...) {
+        failure = std::current_exception();
+      }
+    }
+    std::vector<unsigned long long*> all(static_cast<std::size_t>(sub->size()));
+    sub->all_gather(&mine, all.data(), sizeof(mine));
+    if (failure) std::rethrow_exception(failure);
+    if (all[0] == nullptr) {
+      throw Error("qcoll::CudaLocalTransport::split: rank 0 of the sub-group of color " +
+                  std::to_string(color) + " could not allocate its device counters");
+    }
+    return CudaLocalTransport(std::move(sub), res_, shared_, all[0]);
   }
 
-  //! Bytes handed to this transport for other ranks so far (see ByteCounters).
+  //! Bytes handed to this transport for other ranks so far (see ByteCounters). Counted when a
+  //! call is enqueued (or captured); replays of a captured graph do not advance them.
   const ByteCounters& counters() const noexcept { return counters_; }
   //! Sets every counter back to zero (local, not collective).
   void reset_counters() noexcept { counters_ = ByteCounters{}; }
@@ -188,13 +355,19 @@ class CudaLocalTransport {
  private:
   friend class CudaLocalGroup;
 
-  CudaLocalTransport(LocalTransport& host, std::shared_ptr<detail::CudaLocalRankResources> res)
-      : host_(&host), res_(std::move(res)) {
+  CudaLocalTransport(LocalTransport& host, std::shared_ptr<detail::CudaLocalRankResources> res,
+                     std::shared_ptr<detail::CudaLocalRunShared> shared, unsigned long long* sync)
+      : host_(&host), res_(std::move(res)), shared_(std::move(shared)), sync_(sync) {
     init_peers();
   }
   CudaLocalTransport(std::unique_ptr<LocalTransport> owned,
-                     std::shared_ptr<detail::CudaLocalRankResources> res)
-      : owned_(std::move(owned)), host_(owned_.get()), res_(std::move(res)) {
+                     std::shared_ptr<detail::CudaLocalRankResources> res,
+                     std::shared_ptr<detail::CudaLocalRunShared> shared, unsigned long long* sync)
+      : owned_(std::move(owned)),
+        host_(owned_.get()),
+        res_(std::move(res)),
+        shared_(std::move(shared)),
+        sync_(sync) {
     init_peers();
   }
 
@@ -208,6 +381,19 @@ class CudaLocalTransport {
 
   static const char* op_name(int op) noexcept { return op == 1 ? "all_gather" : "all_to_all"; }
 
+  //! Enqueues one step of the device protocol on `stream`.
+  void launch_phase(detail::CudaLocalPhase phase, cudaStream_t stream) {
+    const int n = size();
+    unsigned long long* counters = phase == detail::CudaLocalPhase::arrive ? sync_ : sync_ + n;
+    if (phase == detail::CudaLocalPhase::arrive)
+      detail::cuda_local_phase_kernel<detail::CudaLocalPhase::arrive>
+          <<<1, 32, 0, stream>>>(counters, rank(), n, shared_->timeout_ns());
+    else
+      detail::cuda_local_phase_kernel<detail::CudaLocalPhase::depart>
+          <<<1, 32, 0, stream>>>(counters, rank(), n, shared_->timeout_ns());
+    QCOLL_CUDA_CHECK_LAUNCH();
+  }
+
   //! The protocol described at the top of this file. op 1: all_gather, 2: all_to_all.
   void exchange(int op, const void* send, void* recv, std::size_t bytes, bool in_place, cudaStream_t stream) {
     if (stream == nullptr) stream = res_->stream();
@@ -217,11 +403,8 @@ class CudaLocalTransport {
     mine.op = op;
     mine.bytes = bytes;
     mine.send = send;
-    mine.ready = res_->ready();
-    mine.done = res_->done();
-    QCOLL_CUDA_CHECK(cudaEventRecord(mine.ready, stream));
-    // Host exchange of call descriptions: also the rendezvous after which every peer's ready
-    // event is recorded. Its own size check cannot fail (every rank sends one description).
+    // Host exchange of call descriptions. Its own size check cannot fail (every rank sends one
+    // description); a failed peer makes it throw on every rank.
     host_->all_gather(&mine, calls_.data(), sizeof(detail::CudaLocalCall));
 
     for (int r = 0; r < n; ++r) {
@@ -234,41 +417,45 @@ class CudaLocalTransport {
       throw Error(os.str());  // every rank sees the same descriptions, so all throw here
     }
 
-    // Enqueue this rank's copies. A failure here is rethrown only after the second rendezvous,
-    // so that the peers are not left waiting in it.
+    // From here on every rank of the group enqueues its share. Ranks agree on `bytes`, so they
+    // all skip the device protocol together when there is nothing to move; with one rank there
+    // is no peer to order against.
+    const bool sync = bytes > 0 && n > 1;
+    // If this launch fails the peers' arrive kernels time out (the device is in trouble anyway).
+    if (sync) launch_phase(detail::CudaLocalPhase::arrive, stream);
+    // A failure to enqueue a copy is rethrown only after depart is enqueued, so that the peers'
+    // kernels of this epoch complete.
     std::exception_ptr failure;
     try {
       auto* out = static_cast<unsigned char*>(recv);
       const std::size_t my_block = static_cast<std::size_t>(me) * bytes;
       if (bytes > 0) {
         for (int r = 0; r < n; ++r) {
-          const detail::CudaLocalCall& o = calls_[static_cast<std::size_t>(r)];
-          if (r != me) QCOLL_CUDA_CHECK(cudaStreamWaitEvent(stream, o.ready, 0));
-          const unsigned char* src = static_cast<const unsigned char*>(o.send);
-          if (op == 2) src += my_block;
           if (op == 1 && r == me && in_place) continue;
+          const unsigned char* src =
+              static_cast<const unsigned char*>(calls_[static_cast<std::size_t>(r)].send);
+          if (op == 2) src += my_block;
           QCOLL_CUDA_CHECK(cudaMemcpyAsync(out + static_cast<std::size_t>(r) * bytes, src, bytes,
                                            cudaMemcpyDefault, stream));
         }
       }
-      QCOLL_CUDA_CHECK(cudaEventRecord(res_->done(), stream));
     } catch (...) {
       failure = std::current_exception();
     }
-    // Every done event is recorded once all ranks pass this rendezvous.
-    host_->barrier();
-    if (failure) std::rethrow_exception(failure);
-    if (bytes > 0) {
-      for (int r = 0; r < n; ++r)
-        if (r != me)
-          QCOLL_CUDA_CHECK(cudaStreamWaitEvent(stream, calls_[static_cast<std::size_t>(r)].done, 0));
+    try {
+      if (sync) launch_phase(detail::CudaLocalPhase::depart, stream);
+    } catch (...) {
+      if (!failure) failure = std::current_exception();
     }
+    if (failure) std::rethrow_exception(failure);
     detail::count_exchange(counters_, intra_peers_, inter_peers_, bytes);
   }
 
   std::unique_ptr<LocalTransport> owned_;  // set for transports made by split()
   LocalTransport* host_ = nullptr;         // owned_.get() or the run's top-level host transport
   std::shared_ptr<detail::CudaLocalRankResources> res_;
+  std::shared_ptr<detail::CudaLocalRunShared> shared_;
+  unsigned long long* sync_ = nullptr;        // the group's device counters: ready[size()], done[size()]
   std::vector<detail::CudaLocalCall> calls_;  // scratch for the host exchange, one per rank
   int intra_peers_ = 0;
   int inter_peers_ = 0;
@@ -280,20 +467,28 @@ class CudaLocalGroup {
  public:
   //! `world` ranks in [1, 1024]; `node_id_of_rank` as for LocalGroup (empty: all on node 0);
   //! `device` is the CUDA device all ranks use (>= 0; checked against the devices present when
-  //! run() starts).
-  explicit CudaLocalGroup(int world, std::vector<long long> node_id_of_rank = {}, int device = 0)
-      : host_(world, std::move(node_id_of_rank)), device_(device) {
+  //! run() starts); `timeout_ms` (>= 1, milliseconds) bounds each wait of the device protocol,
+  //! after which the waiting kernel prints a line and traps (see the file's comment).
+  explicit CudaLocalGroup(int world, std::vector<long long> node_id_of_rank = {}, int device = 0,
+                          long long timeout_ms = 120000)
+      : host_(world, std::move(node_id_of_rank)), device_(device), timeout_ms_(timeout_ms) {
     QCOLL_REQUIRE(device >= 0, "CudaLocalGroup", "device", device, "is below", 0);
+    QCOLL_REQUIRE(timeout_ms >= 1, "CudaLocalGroup", "timeout_ms", timeout_ms, "is below", 1);
   }
 
   //! Number of ranks.
   int size() const noexcept { return host_.size(); }
   //! The device the ranks use.
   int device() const noexcept { return device_; }
+  //! The timeout of the device protocol's waits, in milliseconds.
+  long long timeout_ms() const noexcept { return timeout_ms_; }
 
-  //! Calls f(CudaLocalTransport&) on `size()` new threads at once and joins them. Each thread
-  //! makes `device()` current and creates its rank's non-blocking stream and events; when f
-  //! returns (or throws) the stream is synchronised and stream and events are destroyed.
+  //! Calls f(CudaLocalTransport&) on `size()` new threads at once and joins them. Before starting
+  //! them, allocates the group's device counters (2 * size() 64-bit words). Each thread makes
+  //! `device()` current and creates its rank's non-blocking stream; when f returns (or throws) the
+  //! stream is synchronised and destroyed. After all threads have joined, waits for the device and
+  //! frees the counters of the group and of every sub-group split from it; throws qcoll::Error if
+  //! that wait reports a CUDA error and no rank failed.
   //! Failure semantics are those of LocalGroup::run(): a failing rank makes every collective of
   //! the run throw instead of hanging, and run() rethrows the first failure.
   template <class F>
@@ -304,16 +499,29 @@ class CudaLocalGroup {
     if (err != cudaSuccess) (void)cudaGetLastError();
     QCOLL_REQUIRE(err == cudaSuccess && device < count, "CudaLocalGroup::run", "device", device,
                   "is not below the number of CUDA devices", (err == cudaSuccess ? count : 0));
-    host_.run([&f, device](LocalTransport& host) {
+    // Milliseconds to nanoseconds, saturating (a huge timeout means no timeout in practice).
+    const auto ms = static_cast<unsigned long long>(timeout_ms_);
+    const unsigned long long limit = std::numeric_limits<unsigned long long>::max() / 1000000ull;
+    const unsigned long long timeout_ns =
+        ms > limit ? std::numeric_limits<unsigned long long>::max() : ms * 1000000ull;
+    auto shared = std::make_shared<detail::CudaLocalRunShared>(device, timeout_ns);
+    unsigned long long* top = nullptr;
+    {
+      detail::CudaLocalDeviceScope scope(device);
+      top = shared->allocate_counters(size());  // on failure, ~CudaLocalRunShared frees
+    }
+    host_.run([&f, device, &shared, top](LocalTransport& host) {
       auto res = std::make_shared<detail::CudaLocalRankResources>(device);
-      CudaLocalTransport t(host, res);
+      CudaLocalTransport t(host, res, shared, top);
       f(t);
     });
+    QCOLL_CUDA_CHECK(shared->release_all());
   }
 
  private:
   LocalGroup host_;
   int device_;
+  long long timeout_ms_;
 };
 
 QCOLL_NAMESPACE_END

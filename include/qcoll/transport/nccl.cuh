@@ -18,6 +18,9 @@
 //! The content of this header is only compiled where <nccl.h> is found (QCOLL_HAS_NCCL is then 1;
 //! define QCOLL_HAS_NCCL to 0 beforehand to leave it out).
 
+#if !defined(QCOLL_HAS_NCCL) && defined(QCOLL_HAVE_NCCL)  // qcoll's own build says whether NCCL is on
+#define QCOLL_HAS_NCCL QCOLL_HAVE_NCCL
+#endif
 #if !defined(QCOLL_HAS_NCCL) && defined(__has_include)
 #if __has_include(<nccl.h>)
 #define QCOLL_HAS_NCCL 1
@@ -41,6 +44,7 @@
 #include <utility>
 #include <vector>
 
+#include "../collective/device.cuh"  // the plans' device data path, for plans over this transport
 #include "../core/config.hpp"
 #include "../core/error.hpp"
 #include "../cuda/check.cuh"

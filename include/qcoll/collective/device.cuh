@@ -1,0 +1,439 @@
+#pragma once
+//! \file
+//! The device data path of the collective plans: QuantizedAllGather, QuantizedReduceScatter,
+//! QuantizedAllReduce and SecondaryShard over a transport whose memory_space is
+//! MemorySpace::device (CudaLocalTransport, NcclTransport). Included by those transports' headers
+//! and by <qcoll/qcoll.cuh>.
+//!
+//! **Calls.** The plans' calls take device buffers (input, output and workspace) and a CUDA
+//! stream (null: the transport's own stream where it has one). They check their arguments on the
+//! host, enqueue kernels and the transport's exchanges on the stream, and return without waiting:
+//! no allocation and no host synchronisation inside a call, so a call can be captured in a CUDA
+//! graph (over transports that can be captured) and replayed.
+//!
+//! **Result flags.** A device call cannot return what its kernels find, so it writes it to the
+//! first 4 bytes of its workspace (a std::uint32_t in device memory; the call clears it first):
+//! kResultNonFinite (some rank's input held NaN or ±Inf, the same on every rank, as the host
+//! call's return value), kResultRejected (some rank rejected its arguments) and kResultBadMessage
+//! (a received message did not match the plan). With either of the last two, this rank's output
+//! was not written. Read it after the stream has passed the call, e.g. with read_result_flags.
+//!
+//! **Per-call agreement without a host synchronisation.** The host path agrees on every call
+//! with a small blocking all-reduce before sending. On the device, the verdict travels with the
+//! data instead: every message header carries flags (format/message.hpp). A rank whose arguments
+//! are bad still takes part in every exchange of the call, sending headers marked kFlagRejected
+//! in place of data, and then throws qcoll::Error naming the argument. Every sender ORs into all
+//! of its messages the non-finite flag of its whole input (and, at the second hop, what it
+//! received at the first), so after the last exchange every rank knows the union over all ranks.
+//! A small kernel checks each received header (magic, format, block, count, flags) into the
+//! result flags, and the output kernels skip their stores when a rejection or a bad message was
+//! seen. So a rank's bad argument never leaves its peers waiting, and never makes them write
+//! garbage. The one argument a rank cannot take part without is its workspace: an unusable
+//! workspace (null, too small, misaligned, not device memory) throws before anything is enqueued.
+//! Every rank of a plan needs the same workspace size, so this is normally the same on all ranks.
+//!
+//! **Bit-for-bit contract.** For the same inputs, options, layout and topology, outputs equal
+//! the host plans' outputs over any host transport, bit for bit (for T = float, a NaN's payload
+//! may differ; see cuda/quantize.cuh), and so do the non-finite flags.
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "../cuda/check.cuh"
+#include "../cuda/quantize.cuh"
+#include "all_gather.hpp"
+#include "common.hpp"
+#include "hpz.hpp"
+#include "reduce_scatter.hpp"
+
+QCOLL_NAMESPACE_BEGIN
+namespace gpu {
+
+//! Waits for `stream` and returns the result flags a device collective call wrote to `workspace`
+//! (its first 4 bytes). Synchronises the stream: call it outside the hot path, or read the word
+//! with your own stream-ordered copy. Throws qcoll::Error if workspace is null or not device
+//! memory, or if a CUDA call fails.
+inline std::uint32_t read_result_flags(const void* workspace, cudaStream_t stream) {
+  const char* fn = "gpu::read_result_flags";
+  QCOLL_REQUIRE(workspace != nullptr, fn, "workspace", "null", "must be", "the workspace of a device call");
+  require_device_accessible(workspace, fn, "workspace");
+  std::uint32_t flags = 0;
+  QCOLL_CUDA_CHECK(cudaMemcpyAsync(&flags, workspace, sizeof flags, cudaMemcpyDefault, stream));
+  QCOLL_CUDA_CHECK(cudaStreamSynchronize(stream));
+  return flags;
+}
+
+namespace detail {
+
+//! Writes a valid header for each of k messages of n elements of F (message i at msgs + i *
+//! stride, 16-byte aligned), flagged kFlagRejected: what a rank that rejected its arguments sends.
+template <class F>
+__global__ void reject_kernel(unsigned char* msgs, std::size_t stride, int k, std::size_t n) {
+  MessageHeader h = make_header<F>(n);
+  h.flags = kFlagRejected;
+  for (int i = static_cast<int>(threadIdx.x); i < k; i += static_cast<int>(blockDim.x))
+    *reinterpret_cast<MessageHeader*>(msgs + static_cast<std::size_t>(i) * stride) = h;
+}
+
+//! Reads the flags word of the header at msg (16-byte aligned).
+QCOLL_DEVICE std::uint32_t& header_flags(unsigned char* msg) {
+  return reinterpret_cast<MessageHeader*>(msg)->flags;
+}
+
+//! One warp: ORs into the flags of each of k messages (at msgs + i * stride) the union of the k
+//! messages' own flags and, if `status` is not null, the result flags gathered so far. Makes a
+//! sender's non-finite flag (or rejection) ride on all its messages.
+__global__ void spread_flags_kernel(unsigned char* msgs, std::size_t stride, int k,
+                                    const std::uint32_t* status) {
+  constexpr std::uint32_t kMask = kFlagNonFinite | kFlagRejected | kFlagBadMessage;
+  std::uint32_t u = 0;
+  for (int i = static_cast<int>(threadIdx.x); i < k; i += 32)
+    u |= header_flags(msgs + static_cast<std::size_t>(i) * stride) & kMask;
+  for (int o = 16; o > 0; o /= 2) u |= __shfl_xor_sync(0xffffffffu, u, o);
+  if (status != nullptr) u |= *status & kMask;
+  for (int i = static_cast<int>(threadIdx.x); i < k; i += 32)
+    header_flags(msgs + static_cast<std::size_t>(i) * stride) |= u;
+}
+
+//! Checks the headers of k received messages of n elements of F: a header that is not F's with n
+//! elements adds kFlagBadMessage; otherwise its flags (masked by `report`, plus the guard flags
+//! always) are ORed into *status.
+template <class F>
+__global__ void verify_kernel(const unsigned char* msgs, std::size_t stride, int k, std::size_t n,
+                              std::uint32_t* status, std::uint32_t report) {
+  const MessageHeader want = make_header<F>(n);
+  std::uint32_t u = 0;
+  for (int i = static_cast<int>(threadIdx.x); i < k; i += static_cast<int>(blockDim.x)) {
+    const MessageHeader h =
+        *reinterpret_cast<const MessageHeader*>(msgs + static_cast<std::size_t>(i) * stride);
+    const bool ok = h.magic == want.magic && h.format == want.format && h.log2_block == want.log2_block &&
+                    h.count == want.count;
+    u |= ok ? (h.flags & (report | kGuardFlags) & (kFlagNonFinite | kGuardFlags)) : kFlagBadMessage;
+  }
+  if (u != 0) atomicOr(status, u);
+}
+
+//! Up to kTableChunk ints passed by value (kernel parameters are copied at launch and into graphs).
+constexpr int kTableChunk = 256;
+struct TableChunk {
+  int v[kTableChunk];
+};
+__global__ void fill_table_kernel(int* dst, TableChunk chunk, int count) {
+  for (int i = static_cast<int>(threadIdx.x); i < count; i += static_cast<int>(blockDim.x))
+    dst[i] = chunk.v[i];
+}
+
+//! Copies a host table of ints into device memory with stream-ordered kernels (no host staging
+//! buffer, no pageable memcpy, so it can be captured in a graph).
+inline void upload_table(int* dst, const std::vector<int>& table, cudaStream_t stream) {
+  for (std::size_t at = 0; at < table.size(); at += kTableChunk) {
+    TableChunk c{};
+    const std::size_t count = table.size() - at < kTableChunk ? table.size() - at : kTableChunk;
+    for (std::size_t i = 0; i < count; ++i) c.v[i] = table[at + i];
+    fill_table_kernel<<<1, kTableChunk, 0, stream>>>(dst + at, c, static_cast<int>(count));
+    QCOLL_CUDA_CHECK_LAUNCH();
+  }
+}
+
+template <class F>
+void launch_reject(unsigned char* msgs, std::size_t stride, int k, std::size_t n, cudaStream_t stream) {
+  reject_kernel<F><<<1, 256, 0, stream>>>(msgs, stride, k, n);
+  QCOLL_CUDA_CHECK_LAUNCH();
+}
+
+inline void launch_spread(unsigned char* msgs, std::size_t stride, int k, const std::uint32_t* status,
+                          cudaStream_t stream) {
+  spread_flags_kernel<<<1, 32, 0, stream>>>(msgs, stride, k, status);
+  QCOLL_CUDA_CHECK_LAUNCH();
+}
+
+template <class F>
+void launch_verify(const unsigned char* msgs, std::size_t stride, int k, std::size_t n, std::uint32_t* status,
+                   std::uint32_t report, cudaStream_t stream) {
+  verify_kernel<F><<<1, 256, 0, stream>>>(msgs, stride, k, n, status, report);
+  QCOLL_CUDA_CHECK_LAUNCH();
+}
+
+//! Decodes k messages of n elements of F (message q at msgs + q * stride) into out + q * n,
+//! zeroing outputs at index >= limit; skipped when *guard has tripped.
+template <class F, class T>
+void launch_gather_decode(const unsigned char* msgs, std::size_t stride, int k, std::size_t n, T* out,
+                          std::size_t limit, const std::uint32_t* guard, cudaStream_t stream) {
+  if (n == 0) return;
+  constexpr std::size_t E = 32 / sizeof(T);
+  const dim3 grid(grid_for((n + E - 1) / E, kThreads), static_cast<unsigned>(k));
+  decode_kernel<F, T, false><<<grid, kThreads, 0, stream>>>(
+      msgs, stride, k, n, PostOp{}, DecodeTarget<T>{out, n, limit, guard},
+      is_aligned16(msgs) && stride % 16 == 0, is_aligned16(out) && (n * sizeof(T)) % 16 == 0);
+  QCOLL_CUDA_CHECK_LAUNCH();
+}
+
+//! Sums k messages of n elements of F into out[0, n) (then post), zeroing out[valid, n); skipped
+//! when *guard has tripped.
+template <class F, class T>
+void launch_reduce(const unsigned char* msgs, std::size_t stride, int k, std::size_t n, PostOp post, T* out,
+                   std::size_t valid, const std::uint32_t* guard, cudaStream_t stream) {
+  if (n == 0) return;
+  constexpr std::size_t E = 32 / sizeof(T);
+  decode_kernel<F, T, true><<<grid_for((n + E - 1) / E, kThreads), kThreads, 0, stream>>>(
+      msgs, stride, k, n, post, DecodeTarget<T>{out, 0, valid, guard}, is_aligned16(msgs) && stride % 16 == 0,
+      is_aligned16(out));
+  QCOLL_CUDA_CHECK_LAUNCH();
+}
+
+//! The stream a plan's call runs on: `stream`, or the transport's own when null and it has one.
+template <class Transport>
+auto plan_stream(Transport& t, cudaStream_t stream, int) -> decltype(t.stream(), cudaStream_t{}) {
+  return stream != nullptr ? stream : t.stream();
+}
+template <class Transport>
+cudaStream_t plan_stream(Transport&, cudaStream_t stream, long) {
+  return stream;
+}
+
+//! Checks a device plan's workspace (throws before anything is enqueued): present, large enough,
+//! aligned, device memory.
+inline void check_device_workspace(const char* fn, const void* ws, std::size_t ws_bytes, std::size_t need) {
+  ::qcoll::detail::check_workspace(fn, ws, ws_bytes, need);
+  require_device_accessible(ws, fn, "workspace");
+}
+
+//! Checks one device buffer argument of n elements of T: non-null when n > 0, device memory.
+template <class T>
+void check_buffer(const char* fn, const char* name, const T* p, std::size_t n) {
+  QCOLL_REQUIRE(p != nullptr || n == 0, fn, name, "null", "with", n << " elements");
+  if (n > 0) require_device_accessible(p, fn, name);
+}
+
+//! Clears a plan's own result word (when it owns it) and returns the word to use.
+inline std::uint32_t* begin_status(std::uint32_t* external, std::uint32_t* own, cudaStream_t stream) {
+  if (external != nullptr) return external;
+  QCOLL_CUDA_CHECK(cudaMemsetAsync(own, 0, sizeof(std::uint32_t), stream));
+  return own;
+}
+
+}  // namespace detail
+}  // namespace gpu
+
+namespace detail {
+
+//! Device memory for n elements of T, allocated at construction (the plan's set-up), freed at
+//! destruction. Used by SecondaryShard on device transports.
+template <class T>
+class DeviceStorage {
+ public:
+  explicit DeviceStorage(std::size_t n) : n_(n) {
+    if (n > 0) QCOLL_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&data_), n * sizeof(T)));
+  }
+  ~DeviceStorage() {
+    if (data_ != nullptr) (void)cudaFree(data_);
+  }
+  DeviceStorage(const DeviceStorage&) = delete;
+  DeviceStorage& operator=(const DeviceStorage&) = delete;
+  DeviceStorage(DeviceStorage&& o) noexcept
+      : data_(std::exchange(o.data_, nullptr)), n_(std::exchange(o.n_, 0)) {}
+  DeviceStorage& operator=(DeviceStorage&&) = delete;
+
+  T* data() noexcept { return data_; }
+  const T* data() const noexcept { return data_; }
+  std::size_t size() const noexcept { return n_; }
+
+  //! Enqueues a copy of from[0, size()) (device memory) into the storage on `stream` (null: the
+  //! transport's stream).
+  template <class Transport>
+  void assign_async(const T* from, Transport& t, cudaStream_t stream, const char* fn) {
+    if (n_ == 0) return;
+    gpu::require_device_accessible(from, fn, "full");
+    QCOLL_CUDA_CHECK(cudaMemcpyAsync(data_, from, n_ * sizeof(T), cudaMemcpyDeviceToDevice,
+                                     gpu::detail::plan_stream(t, stream, 0)));
+  }
+
+ private:
+  T* data_ = nullptr;
+  std::size_t n_ = 0;
+};
+
+}  // namespace detail
+
+// ---------------------------------------------------------------------------------------------
+// QuantizedAllGather
+// ---------------------------------------------------------------------------------------------
+
+template <class T, class F, class Transport>
+std::string QuantizedAllGather<T, F, Transport>::device_call(const T* shard, T* full, void* workspace,
+                                                             std::size_t workspace_bytes,
+                                                             typename Transport::stream_type stream,
+                                                             std::uint32_t* status, std::uint32_t report) {
+  namespace gd = gpu::detail;
+  const char* fn = "QuantizedAllGather";
+  const detail::GatherPieces p = carve(workspace);
+  gd::check_device_workspace(fn, workspace, workspace_bytes, p.bytes);
+  stream = gd::plan_stream(world_, stream, 0);
+  const std::size_t S = layout_.shard_numel();
+  const int r = world_.rank(), W = world_.size();
+  const std::size_t P = message_bytes();
+  std::uint32_t* const st = gd::begin_status(status, p.control.status, stream);
+  const std::string err = detail::local_check([&] {
+    gd::check_buffer(fn, "shard", shard, S);
+    gd::check_buffer(fn, "full", full, layout_.padded_numel());
+  });
+  if (err.empty()) {
+    host::QuantizeOptions o = opt_;
+    o.index_base = layout_.shard_offset(r);
+    gd::launch_quantize<F>(gd::TensorInput<T>{shard, gpu::SourceMap::identity(layout_.valid_in_shard(r)), S},
+                           p.send, o, stream, p.control.scratch);
+  } else {
+    gd::launch_reject<F>(p.send, P, 1, S, stream);
+  }
+  world_.all_gather(p.send, p.recv, P, stream);
+  gd::launch_verify<F>(p.recv, P, W, S, st, report, stream);
+  gd::launch_gather_decode<F>(p.recv, P, W, S, full, layout_.numel(), st, stream);
+  return err;
+}
+
+// ---------------------------------------------------------------------------------------------
+// QuantizedReduceScatter
+// ---------------------------------------------------------------------------------------------
+
+template <class T, class F1, class F2, class Transport>
+std::string QuantizedReduceScatter<T, F1, F2, Transport>::device_call(
+    const T* grad, T* shard, void* workspace, std::size_t workspace_bytes,
+    typename Transport::stream_type stream, std::uint32_t* status, std::uint32_t report) {
+  namespace gd = gpu::detail;
+  const char* fn = "QuantizedReduceScatter";
+  const Pieces p = carve(workspace);
+  gd::check_device_workspace(fn, workspace, workspace_bytes, p.bytes);
+  stream = gd::plan_stream(world_, stream, 0);
+  const std::size_t S = layout_.shard_numel(), padded = layout_.padded_numel(), numel = layout_.numel();
+  const int r = world_.rank();
+  std::uint32_t* const st = gd::begin_status(status, p.control.status, stream);
+  const std::string err = detail::local_check([&] {
+    gd::check_buffer(fn, "grad", grad, padded);
+    gd::check_buffer(fn, "shard", shard, S);
+    QCOLL_REQUIRE(shard == nullptr || grad == nullptr || shard + S <= grad || grad + padded <= shard, fn,
+                  "shard", static_cast<const void*>(shard), "overlaps", "grad");
+  });
+  const std::size_t n1 = hop1_count(), P1 = hop1_message_bytes();
+  const int k1 = hop1_messages();
+  host::QuantizeOptions o = opt_;
+  o.seed = detail::rank_seed(opt_.seed, r, 1);
+  const bool two = hops_ == Hops::two;
+  const int N = topo_.num_nodes(), L = topo_.ranks_per_node(), j = topo_.local_index();
+  // Hop 1: quantize (the qgZ reorder fused in for two hops), or mark the messages rejected.
+  if (!err.empty()) {
+    gd::launch_reject<F1>(p.send1, P1, k1, n1, stream);
+  } else if (!two) {
+    for (int q = 0; q < k1; ++q) {
+      o.index_base = layout_.shard_offset(q);
+      gd::launch_quantize<F1>(
+          gd::TensorInput<T>{grad, gpu::SourceMap::identity(numel, layout_.shard_offset(q)), S},
+          p.send1 + static_cast<std::size_t>(q) * P1, o, stream, p.control.scratch);
+    }
+  } else {
+    gd::upload_table(p.table, rank_at_, stream);
+    for (int q = 0; q < L; ++q) {
+      const std::size_t first = static_cast<std::size_t>(q) * n1;  // reordered position of chunk q
+      o.index_base = first;
+      gd::launch_quantize<F1>(
+          gd::TensorInput<T>{grad, gpu::SourceMap::qgz(numel, S, N, L, p.table, first), n1},
+          p.send1 + static_cast<std::size_t>(q) * P1, o, stream, p.control.scratch);
+    }
+  }
+  gd::launch_spread(p.send1, P1, k1, nullptr, stream);
+  const std::size_t valid = layout_.valid_in_shard(r);
+  const gd::PostOp post{op_ == Reduce::mean ? static_cast<float>(world_.size()) : 1.0f, true};
+  if (!two) {
+    world_.all_to_all(p.send1, p.recv1, P1, stream);
+    gd::launch_verify<F1>(p.recv1, P1, k1, S, st, report, stream);
+    gd::launch_reduce<F1>(p.recv1, P1, k1, S, post, shard, valid, st, stream);
+    return err;
+  }
+  intra_.all_to_all(p.send1, p.recv1, P1, stream);
+  gd::launch_verify<F1>(p.recv1, P1, L, n1, st, report, stream);
+  // Sum the L chunks and re-quantize each node's slice of the partial sum, without writing it out.
+  host::QuantizeOptions o2 = opt_;
+  o2.seed = detail::rank_seed(opt_.seed, r, 2);
+  const std::size_t P2 = hop2_message_bytes();
+  const bool aligned1 = gd::is_aligned16(p.recv1) && P1 % 16 == 0;
+  for (int m = 0; m < N; ++m) {
+    const int owner = rank_at_[static_cast<std::size_t>(m * L + j)];
+    o2.index_base = layout_.shard_offset(owner);
+    gd::launch_quantize<F2>(gd::ReduceInput<F1>{p.recv1, P1, L, n1, static_cast<std::size_t>(m) * S, S,
+                                                layout_.valid_in_shard(owner), gd::PostOp{}, aligned1},
+                            p.send2 + static_cast<std::size_t>(m) * P2, o2, stream, p.control.scratch);
+  }
+  gd::launch_spread(p.send2, P2, N, st, stream);
+  inter_.all_to_all(p.send2, p.recv2, P2, stream);
+  gd::launch_verify<F2>(p.recv2, P2, N, S, st, report, stream);
+  gd::launch_reduce<F2>(p.recv2, P2, N, S, post, shard, valid, st, stream);
+  return err;
+}
+
+// ---------------------------------------------------------------------------------------------
+// QuantizedAllReduce
+// ---------------------------------------------------------------------------------------------
+
+template <class T, class F1, class F2, class F3, class Transport>
+void QuantizedAllReduce<T, F1, F2, F3, Transport>::device_call(const T* in, T* out, void* workspace,
+                                                               std::size_t workspace_bytes,
+                                                               typename Transport::stream_type stream) {
+  namespace gd = gpu::detail;
+  const Pieces p = carve(workspace);
+  gd::check_device_workspace("QuantizedAllReduce", workspace, workspace_bytes, p.bytes);
+  stream = gd::plan_stream(world_, stream, 0);
+  std::uint32_t* const st = gd::begin_status(nullptr, p.control.status, stream);
+  // Both stages run even when this rank rejected an argument, so its peers are not left waiting;
+  // the all-gather reports only rejections and bad messages (the non-finite flag is the
+  // reduce-scatter's, as on the host).
+  const std::string err1 = rs_.device_call(in, p.shard, p.inner, p.inner_bytes, stream, st, ~0u);
+  const std::string err2 = ag_.device_call(p.shard, out, p.inner, p.inner_bytes, stream, st, 0u);
+  if (!err1.empty()) throw Error(err1);
+  if (!err2.empty()) throw Error(err2);
+}
+
+// ---------------------------------------------------------------------------------------------
+// SecondaryShard
+// ---------------------------------------------------------------------------------------------
+
+template <class T, class F, class Transport>
+std::string SecondaryShard<T, F, Transport>::device_gather(T* full, std::uint64_t generation, void* workspace,
+                                                           std::size_t workspace_bytes,
+                                                           typename Transport::stream_type stream) {
+  namespace gd = gpu::detail;
+  const char* fn = "SecondaryShard::gather";
+  const detail::GatherPieces p = carve(workspace);
+  gd::check_device_workspace(fn, workspace, workspace_bytes, p.bytes);
+  stream = gd::plan_stream(intra_, stream, 0);
+  const std::size_t S = secondary_.shard_numel();
+  const std::size_t P = message_bytes();
+  std::uint32_t* const st = gd::begin_status(nullptr, p.control.status, stream);
+  const std::string err = detail::local_check([&] {
+    QCOLL_REQUIRE(captured_, fn, "capture()", "never called", "before", "gather()");
+    QCOLL_REQUIRE(generation == generation_, fn, "generation", generation,
+                  "does not match the captured (stale secondary) generation", generation_);
+    gd::check_buffer(fn, "full", full, layout_.padded_numel());
+  });
+  if (err.empty()) {
+    const std::size_t offset = secondary_.shard_offset(local_);
+    host::QuantizeOptions o;
+    o.index_base = offset;
+    gd::launch_quantize<F>(
+        gd::TensorInput<T>{storage_.data(),
+                           gpu::SourceMap::identity(valid_elements_in(layout_.numel(), offset, S)), S},
+        p.send, o, stream, p.control.scratch);
+  } else {
+    gd::launch_reject<F>(p.send, P, 1, S, stream);
+  }
+  intra_.all_gather(p.send, p.recv, P, stream);
+  gd::launch_verify<F>(p.recv, P, secondary_.parts(), S, st, ~0u, stream);
+  gd::launch_gather_decode<F>(p.recv, P, secondary_.parts(), S, full, layout_.numel(), st, stream);
+  return err;
+}
+
+QCOLL_NAMESPACE_END
