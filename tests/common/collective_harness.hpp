@@ -173,7 +173,7 @@ inline double rs_bound(double A, int W, int N, int L, int q1, int q2, Hops hops,
 
 template <class T>
 constexpr int significand_bits() {
-  return std::is_same<T, float>::value ? 24 : std::is_same<T, half>::value ? 11 : 8;
+  return std::is_same<T, float>::value ? 24 : std::is_same<T, qcoll::half>::value ? 11 : 8;
 }
 
 }  // namespace harness

@@ -24,6 +24,7 @@
 
 #include <qcoll/transport/cuda_local.cuh>
 #include <qcoll/transport/nccl.cuh>
+#include "../common/nccl_one_rank.hpp"
 
 namespace {
 
@@ -430,18 +431,6 @@ TEST_CASE("cuda_local all_gather and all_to_all captured in a CUDA graph and rep
 }
 
 #if QCOLL_HAS_NCCL
-
-//! A one-rank communicator on device 0, destroyed at the end of the scope.
-struct OneRankComm {
-  ncclComm_t comm = nullptr;
-  OneRankComm() {
-    int dev = 0;
-    QCOLL_NCCL_CHECK(comm, ncclCommInitAll(&comm, 1, &dev));
-  }
-  ~OneRankComm() { (void)ncclCommDestroy(comm); }
-  OneRankComm(const OneRankComm&) = delete;
-  OneRankComm& operator=(const OneRankComm&) = delete;
-};
 
 TEST_CASE("nccl: one rank: all_gather, all_to_all, counters") {
   TEST_CUDA(cudaSetDevice(0));

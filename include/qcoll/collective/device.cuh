@@ -40,6 +40,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -391,10 +392,16 @@ void QuantizedAllReduce<T, F1, F2, F3, Transport>::device_call(const T* in, T* o
   // Both stages run even when this rank rejected an argument, so its peers are not left waiting;
   // the all-gather reports only rejections and bad messages (the non-finite flag is the
   // reduce-scatter's, as on the host).
+  // This plan's own names come first in an error (the stages would name `grad` and `full`).
+  const std::size_t padded = rs_.layout().padded_numel();
+  const std::string err0 = detail::local_check([&] {
+    gd::check_buffer("QuantizedAllReduce", "in", in, padded);
+    gd::check_buffer("QuantizedAllReduce", "out", out, padded);
+  });
   const std::string err1 = rs_.device_call(in, p.shard, p.inner, p.inner_bytes, stream, st, ~0u);
   const std::string err2 = ag_.device_call(p.shard, out, p.inner, p.inner_bytes, stream, st, 0u);
-  if (!err1.empty()) throw Error(err1);
-  if (!err2.empty()) throw Error(err2);
+  for (const std::string* e : {&err0, &err1, &err2})
+    if (!e->empty()) throw Error(*e);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -279,8 +279,14 @@ class QuantizedAllReduce {
       device_call(in, out, workspace, workspace_bytes, stream);
     } else {
       const Pieces p = carve(workspace);
-      const std::string err = detail::local_check(
-          [&] { detail::check_workspace("QuantizedAllReduce", workspace, workspace_bytes, p.bytes); });
+      const std::string err = detail::local_check([&] {
+        const std::size_t padded = rs_.layout().padded_numel();
+        QCOLL_REQUIRE(in != nullptr || padded == 0, "QuantizedAllReduce", "in", "null",
+                      "with padded_numel =", padded);
+        QCOLL_REQUIRE(out != nullptr || padded == 0, "QuantizedAllReduce", "out", "null",
+                      "with padded_numel =", padded);
+        detail::check_workspace("QuantizedAllReduce", workspace, workspace_bytes, p.bytes);
+      });
       detail::agree_on_call(world_, err, false, "QuantizedAllReduce");
       const std::uint32_t flags = rs_(in, p.shard, p.inner, p.inner_bytes, stream);
       ag_(p.shard, out, p.inner, p.inner_bytes, stream);
