@@ -28,7 +28,8 @@ class DeviceStorage;
 //! reproduced exactly).
 //!
 //! The secondary copy carries the weights generation it was taken from; gather() with any other
-//! generation throws (on every rank, before sending) instead of using stale weights. The copy is
+//! generation throws instead of using stale weights (host transports: on every rank, before
+//! sending; device transports: on that rank, its node peers get kResultRejected). The copy is
 //! held in plan-owned storage allocated once at construction (device memory for a device
 //! transport); calls allocate nothing. On device transports capture() and gather() take device
 //! buffers and are stream-ordered (collective/device.cuh).
