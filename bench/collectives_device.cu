@@ -32,11 +32,19 @@
 // counters over one call; for the direct NCCL rows the logical volume: one shard per peer, twice
 // for all-reduce), largest over ranks. x_time, x_wire = time and intra + inter relative to the
 // group's reference row of the same size. flags = the result flags of the plan's call, read with
-// gpu::read_result_flags after the timed calls and OR-ed over ranks ("ok" when none).
+// gpu::read_result_flags after the timed calls and OR-ed over ranks ("ok" when none). #wrong
+// (with -c 1 / --check 1, as nccl-tests' -c; "-" otherwise and on reference rows) = number of
+// output elements, over all ranks, whose bits differ from those of the host plan: after a qcoll
+// row's timed calls every rank downloads its input(s) and output, and rank 0 recomputes the same
+// call with the same plan class over qcoll::LocalTransport (same world, node table, layout,
+// formats, reduction, hops and rounding; for hpZ, capture of the same full buffer then gather).
+// Any NaN equals any NaN. The device path is specified to equal the host path bit for bit, so any
+// non-zero #wrong is a bug. The check runs outside the timed calls but is slow at large sizes.
 //
-// Exit status: 0, or 1 if some row's flags hold kResultRejected or kResultBadMessage (or a CUDA /
-// NCCL / qcoll error occurred), 2 on a bad command line. Without a CUDA device the program prints
-// "skipped: no CUDA device" and exits with 0 (a benchmark is not a test).
+// Exit status: 0, or 1 if some row's flags hold kResultRejected or kResultBadMessage, or some
+// row's #wrong is not 0 (or a CUDA / NCCL / qcoll error occurred), 2 on a bad command line.
+// Without a CUDA device the program prints "skipped: no CUDA device" and exits with 0 (a benchmark
+// is not a test).
 
 #include <cuda_runtime.h>
 
@@ -45,6 +53,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <string>
 #include <thread>
@@ -119,12 +128,19 @@ const char* const kHelp =
     "                        (default: 256; mxfp4 always uses 32)\n"
     "  --hops 1|2            route of the all-reduce's reduce-scatter stage (default: 2)\n"
     "  --reduce sum|mean     reduction of reduce-scatter and all-reduce (default: sum)\n"
-    "  --seed S              input seed, 0..2^31-1 (default: 1)\n"
+    "  --rounding R          nearest | stochastic: rounding of the quantized all-gather,\n"
+    "                        reduce-scatter and all-reduce, stochastic keyed by --seed (default:\n"
+    "                        nearest)\n"
+    "  --seed S              input seed (and stochastic rounding key), 0..2^31-1 (default: 1)\n"
+    "  -c, --check C         1: after each qcoll row's timed calls, compare every rank's output\n"
+    "                        with the host plan's over LocalTransport fed the same inputs (column\n"
+    "                        #wrong: elements whose bits differ; any NaN equals any NaN); slow at\n"
+    "                        large sizes (default: 0, no check)\n"
     "  --csv                 print the table as CSV (notes as '#' lines)\n"
     "  -h, --help            this text\n"
     "\n"
-    "Exit status: 0; 1 if a call reported kResultRejected or kResultBadMessage, or on a CUDA,\n"
-    "NCCL or qcoll error; 2 on a bad command line. Without a CUDA device: prints\n"
+    "Exit status: 0; 1 if a call reported kResultRejected or kResultBadMessage, if a row's #wrong\n"
+    "is not 0, or on a CUDA, NCCL or qcoll error; 2 on a bad command line. Without a CUDA device: prints\n"
     "\"skipped: no CUDA device\" and exits with 0.\n";
 
 enum : unsigned {
@@ -164,7 +180,9 @@ struct Options {
   std::size_t block = 256;
   qc::Hops hops = qc::Hops::two;
   qc::Reduce reduce = qc::Reduce::sum;
+  bool stochastic = false;
   std::uint64_t seed = 1;
+  int check = 0;
 };
 
 std::size_t elem_bytes(qc::DType t) { return t == qc::DType::f32 ? 4 : 2; }
@@ -301,6 +319,13 @@ Options parse(int argc, char** argv, bool& help) {
       const std::string v = a.value();
       if (v != "sum" && v != "mean") throw bench::UsageError("flag --reduce: '" + v + "' is not sum or mean");
       o.reduce = v == "sum" ? qc::Reduce::sum : qc::Reduce::mean;
+    } else if (a.flag("--rounding")) {
+      const std::string v = a.value();
+      if (v != "nearest" && v != "stochastic")
+        throw bench::UsageError("flag --rounding: '" + v + "' is not nearest or stochastic");
+      o.stochastic = v == "stochastic";
+    } else if (a.flag("-c", "--check")) {
+      o.check = static_cast<int>(bench::parse_int(a.value(), a.name(), 0, 1));
     } else if (a.flag("--seed")) {
       o.seed = static_cast<std::uint64_t>(bench::parse_int(a.value(), a.name(), 0, 2147483647));
     } else {
@@ -472,6 +497,7 @@ struct RowStats {
   std::uint64_t intra = 0, inter = 0;
   std::uint32_t flags = 0;
   bool has_flags = false;  // a qcoll row (baselines have no result flags)
+  long long wrong = -1;    // -c 1: output elements differing from the host plan's; -1: not checked
 };
 
 // The reference row of a group: the first row printed for an op and size.
@@ -498,8 +524,29 @@ std::vector<bench::Column> columns() {
   return {
       {"op", 14, true}, {"transport", 10, true}, {"ranks", 5},     {"path", 15, true}, {"format", 14, true},
       {"count", 11},    {"size(B)", 12},         {"time(us)", 10}, {"algbw", 8},       {"busbw", 8},
-      {"intra(B)", 12}, {"inter(B)", 12},        {"x_time", 7},    {"x_wire", 7},      {"flags", 9, true}};
+      {"intra(B)", 12}, {"inter(B)", 12},        {"x_time", 7},    {"x_wire", 7},      {"flags", 9, true},
+      {"#wrong", 7}};
 }
+
+// -c 1: what the ranks of one transport run share to check a row against the host plan. Made
+// where the run starts, before its ranks; slot r is written by rank r only, and read by rank 0
+// after a barrier.
+struct CheckSlot {
+  std::vector<unsigned char> in;   // the row's input (hpZ: the captured full buffer), as downloaded
+  std::vector<unsigned char> out;  // the row's output after the timed calls
+};
+
+struct CheckShare {
+  explicit CheckShare(std::vector<long long> ids) : node_ids(std::move(ids)), slots(node_ids.size()) {}
+  std::vector<long long> node_ids;  // the run's node table (rank -> node id)
+  std::vector<CheckSlot> slots;     // one per rank
+};
+
+// Rows of one transport run that failed (the same count on every rank).
+struct Outcome {
+  int flagged = 0;  // flags hold kResultRejected or kResultBadMessage
+  int wrong = 0;    // #wrong > 0
+};
 
 // Set once the CSV title row is out (only rank 0 of one transport run at a time touches it).
 bool csv_titles_printed = false;
@@ -508,13 +555,14 @@ template <class T, class Tr>
 class Bench {
  public:
   Bench(Tr& t, const qc::Topology& topo, cudaStream_t stream, const Options& o, const char* transport,
-        int ranks_on_device)
+        int ranks_on_device, CheckShare& check)
       : t_(t),
         topo_(topo),
         stream_(stream),
         o_(o),
         transport_(transport),
         ranks_on_device_(ranks_on_device),
+        check_(check),
         table_(columns(), o.csv) {
     QCOLL_CUDA_CHECK(cudaEventCreate(&start_));
     QCOLL_CUDA_CHECK(cudaEventCreate(&stop_));
@@ -527,8 +575,8 @@ class Bench {
   Bench& operator=(const Bench&) = delete;
 
   //! Runs every size; returns the number of rows whose flags hold kResultRejected or
-  //! kResultBadMessage (the same on every rank).
-  int run() {
+  //! kResultBadMessage, and of rows with #wrong > 0 (the same on every rank).
+  Outcome run() {
     // Text: a header per transport. CSV: one title row for the whole output.
     if (root() && !(o_.csv && csv_titles_printed)) {
       table_.header();
@@ -542,7 +590,7 @@ class Bench {
         run_size<256>(numel);
       }
     }
-    return failed_rows_;
+    return outcome_;
   }
 
  private:
@@ -684,7 +732,8 @@ class Bench {
     s = combine(s);
     const bool is_ref = !ref.set;
     if (is_ref) ref = Ref{s.seconds, s.intra + s.inter, true};
-    if (s.has_flags && (s.flags & (qc::kResultRejected | qc::kResultBadMessage)) != 0) ++failed_rows_;
+    if (s.has_flags && (s.flags & (qc::kResultRejected | qc::kResultBadMessage)) != 0) ++outcome_.flagged;
+    if (s.wrong > 0) ++outcome_.wrong;
     if (!root()) return;
     const double bytes = static_cast<double>(numel) * sizeof(T);
     const double algbw = s.seconds > 0 ? bytes / s.seconds / 1e9 : 0.0;
@@ -693,11 +742,87 @@ class Bench {
                 std::to_string(numel), bench::strf("%.0f", bytes), bench::strf("%.1f", s.seconds * 1e6),
                 bench::strf("%.2f", algbw), bench::strf("%.2f", algbw * busf), std::to_string(s.intra),
                 std::to_string(s.inter), ref.seconds > 0 ? bench::strf("%.3f", s.seconds / ref.seconds) : "-",
-                ref.wire > 0 ? bench::strf("%.3f", static_cast<double>(wire) / ref.wire) : "-",
-                flags_text(s)});
+                ref.wire > 0 ? bench::strf("%.3f", static_cast<double>(wire) / ref.wire) : "-", flags_text(s),
+                s.wrong < 0 ? "-" : std::to_string(s.wrong)});
   }
 
   static double bus(int n, int k) { return n > 0 ? k * (n - 1.0) / n : 0.0; }
+
+  // ---- -c 1: comparison with the host plan (outside the timed calls)
+
+  //! The rounding of the quantized plans, on device and in the host reference alike.
+  qc::host::QuantizeOptions quantize_options() const {
+    qc::host::QuantizeOptions q;
+    q.rounding = o_.stochastic ? qc::Rounding::stochastic : qc::Rounding::nearest;
+    q.seed = o_.seed;
+    return q;
+  }
+
+  // Copies `bytes` of device memory at `from` to `to`, after this rank's stream.
+  void download(std::vector<unsigned char>& to, const void* from, std::size_t bytes) {
+    to.resize(bytes);
+    if (bytes != 0)
+      QCOLL_CUDA_CHECK(cudaMemcpyAsync(to.data(), from, bytes, cudaMemcpyDeviceToHost, stream_));
+    sync();
+  }
+
+  CheckSlot& my_slot() { return check_.slots[static_cast<std::size_t>(t_.rank())]; }
+
+  // -c 1: keeps this rank's input of the row (device memory, `bytes`) for check().
+  void stash_input(const void* in_d, std::size_t bytes) {
+    if (o_.check != 0) download(my_slot().in, in_d, bytes);
+  }
+
+  // -c 1: downloads this rank's output (`out_numel` elements at out_d), then rank 0 recomputes
+  // the row on the host and counts the output elements, over all ranks, whose bits differ (see
+  // host_mismatches). Collective; sets s.wrong on every rank. Without -c 1: nothing.
+  template <class HostRank>
+  void check(RowStats& s, const T* out_d, std::size_t out_numel, HostRank&& host_rank) {
+    if (o_.check == 0) return;
+    CheckSlot& mine = my_slot();
+    download(mine.out, out_d, out_numel * sizeof(T));
+    t_.barrier();  // every slot is written
+    std::uint64_t wrong = root() ? host_mismatches(out_numel, host_rank) : 0;
+    t_.all_reduce(&wrong, 1, qc::ReduceOp::sum);  // also keeps the slots alive until rank 0 is done
+    mine = CheckSlot{};
+    s.wrong = static_cast<long long>(wrong);
+  }
+
+  // Runs host_rank(LocalTransport& t, const Topology& topo, const T* in, T* out) on a LocalGroup of
+  // world() ranks with the run's node table, rank q fed slot q's input and writing `out_numel`
+  // elements; returns the number of those elements, over all ranks, whose bits differ from slot
+  // q's downloaded output (any NaN equals any NaN).
+  template <class HostRank>
+  std::uint64_t host_mismatches(std::size_t out_numel, HostRank& host_rank) const {
+    const std::size_t W = static_cast<std::size_t>(world());
+    std::vector<std::vector<T>> expect(W);
+    qc::LocalGroup group(world(), check_.node_ids);
+    group.run([&](qc::LocalTransport& lt) {
+      const std::size_t q = static_cast<std::size_t>(lt.rank());
+      const CheckSlot& slot = check_.slots[q];
+      std::vector<T> in(slot.in.size() / sizeof(T));
+      if (!in.empty()) std::memcpy(static_cast<void*>(in.data()), slot.in.data(), in.size() * sizeof(T));
+      std::vector<T> out(out_numel);
+      host_rank(lt, qc::Topology::from_node_ids(check_.node_ids, lt.rank()), in.data(), out.data());
+      expect[q] = std::move(out);
+    });
+    std::uint64_t wrong = 0;
+    for (std::size_t q = 0; q < W; ++q) {
+      const std::vector<unsigned char>& got = check_.slots[q].out;
+      for (std::size_t i = 0; i < out_numel; ++i) {
+        T d;
+        std::memcpy(static_cast<void*>(&d), got.data() + i * sizeof(T), sizeof(T));
+        if (!same_value(d, expect[q][i])) ++wrong;
+      }
+    }
+    return wrong;
+  }
+
+  static bool same_value(const T& a, const T& b) {
+    if (std::memcmp(&a, &b, sizeof(T)) == 0) return true;
+    const float fa = qc::to_float(a), fb = qc::to_float(b);
+    return fa != fa && fb != fb;  // both NaN
+  }
 
   std::uint64_t input_seed() const { return o_.seed * 1000003u + static_cast<std::uint64_t>(t_.rank()); }
 
@@ -733,7 +858,7 @@ class Bench {
     if (o_.ops & kOpAllGather) {
       with_format<T, B>(o_.wformat, [&](auto f) {
         using F = decltype(f);
-        qc::QuantizedAllGather<T, F, Tr> plan(t_, layout);
+        qc::QuantizedAllGather<T, F, Tr> plan(t_, layout, quantize_options());
         DeviceBuffer shard(shard_bytes), full(P * sizeof(T)), ws(plan.workspace_bytes());
         fill(shard.as<T>(), S, o_.seed, layout.shard_offset(t_.rank()), stream_);
         sync();
@@ -741,6 +866,12 @@ class Bench {
                              [&] { return t_.counters(); });
         s.flags = qc::gpu::read_result_flags(ws.get(), stream_);
         s.has_flags = true;
+        stash_input(shard.get(), shard_bytes);
+        check(s, full.as<T>(), P, [&](qc::LocalTransport& lt, const qc::Topology&, const T* in, T* out) {
+          qc::QuantizedAllGather<T, F, qc::LocalTransport> host(lt, layout, quantize_options());
+          bench::Buffer ws(host.workspace_bytes());
+          (void)host(in, out, ws.data(), ws.size());
+        });
         emit("all_gather", "qwZ", name_of<F>(), numel, busf, s, ref);
       });
     }
@@ -752,10 +883,18 @@ class Bench {
         fill(full.as<T>(), P, o_.seed, 0, stream_);  // the same full buffer on every rank
         plan.capture(full.as<T>(), 1, stream_);
         sync();
+        stash_input(full.get(), P * sizeof(T));  // before the gathers overwrite it
         RowStats s = measure([&] { plan.gather(full.as<T>(), 1, ws.get(), ws.bytes(), stream_); },
                              [&] { return plan.intra_node().counters(); });
         s.flags = qc::gpu::read_result_flags(ws.get(), stream_);
         s.has_flags = true;
+        check(s, full.as<T>(), P, [&](qc::LocalTransport& lt, const qc::Topology& topo, const T* in, T* out) {
+          qc::SecondaryShard<T, F, qc::LocalTransport> host(lt, topo, layout);
+          std::copy(in, in + P, out);  // the device gathers into the captured buffer
+          host.capture(in, 1);
+          bench::Buffer ws(host.workspace_bytes());
+          (void)host.gather(out, 1, ws.data(), ws.size());
+        });
         emit("all_gather", "hpZ", name_of<F>(), numel, bus(topo_.ranks_per_node(), 1), s, ref);
       });
     }
@@ -798,7 +937,8 @@ class Bench {
         for (const qc::Hops hops : {qc::Hops::one, qc::Hops::two}) {
           const bool one = hops == qc::Hops::one;
           if (!(o_.ops & (one ? kOpRs1 : kOpRs2))) continue;
-          qc::QuantizedReduceScatter<T, F1, F2, Tr> plan(t_, topo_, layout, o_.reduce, hops);
+          qc::QuantizedReduceScatter<T, F1, F2, Tr> plan(t_, topo_, layout, o_.reduce, hops,
+                                                         quantize_options());
           DeviceBuffer in(P * sizeof(T)), out(shard_bytes), ws(plan.workspace_bytes());
           fill(in.as<T>(), P, input_seed(), 0, stream_);
           sync();
@@ -809,6 +949,13 @@ class Bench {
                                });
           s.flags = qc::gpu::read_result_flags(ws.get(), stream_);
           s.has_flags = true;
+          stash_input(in.get(), P * sizeof(T));
+          check(s, out.as<T>(), S, [&](qc::LocalTransport& lt, const qc::Topology& topo, const T* x, T* y) {
+            qc::QuantizedReduceScatter<T, F1, F2, qc::LocalTransport> host(lt, topo, layout, o_.reduce, hops,
+                                                                           quantize_options());
+            bench::Buffer ws(host.workspace_bytes());
+            (void)host(x, y, ws.data(), ws.size());
+          });
           emit("reduce_scatter", one ? "qgZ-1hop" : "qgZ-2hop",
                one ? name_of<F1>() : name_of<F1>() + ">" + name_of<F2>(), numel, busf, s, ref);
         }
@@ -856,7 +1003,8 @@ class Bench {
       with_format2<B, F1>(o_.gformat2, [&](auto f2) {
         using F2 = decltype(f2);
         const bool one = o_.hops == qc::Hops::one;
-        qc::QuantizedAllReduce<T, F1, F2, F1, Tr> plan(t_, topo_, layout, o_.reduce, o_.hops);
+        qc::QuantizedAllReduce<T, F1, F2, F1, Tr> plan(t_, topo_, layout, o_.reduce, o_.hops,
+                                                       quantize_options());
         DeviceBuffer in(P * sizeof(T)), out(P * sizeof(T)), ws(plan.workspace_bytes());
         fill(in.as<T>(), P, input_seed(), 0, stream_);
         sync();
@@ -867,6 +1015,13 @@ class Bench {
                              });
         s.flags = qc::gpu::read_result_flags(ws.get(), stream_);
         s.has_flags = true;
+        stash_input(in.get(), P * sizeof(T));
+        check(s, out.as<T>(), P, [&](qc::LocalTransport& lt, const qc::Topology& topo, const T* x, T* y) {
+          qc::QuantizedAllReduce<T, F1, F2, F1, qc::LocalTransport> host(lt, topo, layout, o_.reduce, o_.hops,
+                                                                         quantize_options());
+          bench::Buffer ws(host.workspace_bytes());
+          (void)host(x, y, ws.data(), ws.size());
+        });
         const std::string f = one ? name_of<F1>() + ">" + name_of<F1>()
                                   : name_of<F1>() + ">" + name_of<F2>() + ">" + name_of<F1>();
         emit("all_reduce", one ? "qgZ-1hop+qwZ" : "qgZ-2hop+qwZ", f, numel, busf, s, ref);
@@ -880,20 +1035,22 @@ class Bench {
   const Options& o_;
   const char* transport_;
   int ranks_on_device_;
+  CheckShare& check_;
   bench::Table table_;
   cudaEvent_t start_ = nullptr, stop_ = nullptr;
-  int failed_rows_ = 0;
+  Outcome outcome_;
 };
 
 template <class Tr>
-int bench_typed(Tr& t, const qc::Topology& topo, cudaStream_t stream, const Options& o, const char* transport,
-                int ranks_on_device) {
+Outcome bench_typed(Tr& t, const qc::Topology& topo, cudaStream_t stream, const Options& o,
+                    const char* transport, int ranks_on_device, CheckShare& check) {
   switch (o.type) {
-    case qc::DType::f32: return Bench<float, Tr>(t, topo, stream, o, transport, ranks_on_device).run();
-    case qc::DType::f16: return Bench<qc::half, Tr>(t, topo, stream, o, transport, ranks_on_device).run();
+    case qc::DType::f32: return Bench<float, Tr>(t, topo, stream, o, transport, ranks_on_device, check).run();
+    case qc::DType::f16:
+      return Bench<qc::half, Tr>(t, topo, stream, o, transport, ranks_on_device, check).run();
     case qc::DType::bf16: break;
   }
-  return Bench<qc::bfloat16, Tr>(t, topo, stream, o, transport, ranks_on_device).run();
+  return Bench<qc::bfloat16, Tr>(t, topo, stream, o, transport, ranks_on_device, check).run();
 }
 
 // ----------------------------------------------------------------------------------------------
@@ -918,9 +1075,10 @@ void print_setup(const Options& o, const char* transport, int world, int nodes) 
   const char* type = qc::dtype_name(o.type);
   std::printf(
       "# qcoll device collectives: transport %s, %d rank(s) on %d node(s) x %d (node-major), type %s, "
-      "iters %d, warmup %d, graph %s, reduce %s, block %zu\n",
+      "iters %d, warmup %d, graph %s, reduce %s, block %zu, rounding %s, check %d\n",
       transport, world, nodes, world / nodes, type, o.iters, o.warmup, o.graph ? "on" : "off",
-      o.reduce == qc::Reduce::sum ? "sum" : "mean", o.block);
+      o.reduce == qc::Reduce::sum ? "sum" : "mean", o.block, o.stochastic ? "stochastic" : "nearest",
+      o.check);
   std::printf(
       "# formats: qwZ %s, hpZ %s, qgZ hop 1 %s, hop 2 %s; all-reduce = qgZ in %s then all-gather in %s "
       "(a format named like the element type is unquantized)\n",
@@ -935,23 +1093,24 @@ void print_setup(const Options& o, const char* transport, int world, int nodes) 
   std::fflush(stdout);
 }
 
-int run_cuda_local(const Options& o) {
+Outcome run_cuda_local(const Options& o) {
   QCOLL_CUDA_CHECK(cudaSetDevice(0));
   print_setup(o, "cuda_local", o.ranks, o.nodes);
   print_device(0);
   const std::vector<long long> ids = node_major(o.ranks, o.nodes);
   qc::CudaLocalGroup ranks(o.ranks, ids, 0);
-  int failed = 0;
+  CheckShare check(ids);
+  Outcome failed;
   ranks.run([&](qc::CudaLocalTransport& t) {
     const qc::Topology topo = qc::Topology::from_node_ids(ids, t.rank());
-    const int f = bench_typed(t, topo, t.stream(), o, "cuda_local", o.ranks);
+    const Outcome f = bench_typed(t, topo, t.stream(), o, "cuda_local", o.ranks, check);
     if (t.rank() == 0) failed = f;
   });
   return failed;
 }
 
 #if QCOLL_HAVE_NCCL
-int run_nccl(const Options& o, int visible) {
+Outcome run_nccl(const Options& o, int visible) {
   const int G = o.gpus > 0 ? o.gpus : visible;
   int version = 0;
   nccl_ok(ncclGetVersion(&version), "ncclGetVersion");
@@ -964,7 +1123,8 @@ int run_nccl(const Options& o, int visible) {
   for (int d = 0; d < G; ++d) devs[static_cast<std::size_t>(d)] = d;
   nccl_ok(ncclCommInitAll(comms.data(), G, devs.data()), "ncclCommInitAll");
   const std::vector<long long> ids = node_major(G, o.nccl_nodes);
-  std::vector<int> failed(static_cast<std::size_t>(G), 0);
+  CheckShare check(ids);
+  std::vector<Outcome> failed(static_cast<std::size_t>(G));
   std::vector<std::thread> threads;
   for (int r = 0; r < G; ++r) {
     threads.emplace_back([&, r] {
@@ -973,7 +1133,7 @@ int run_nccl(const Options& o, int visible) {
         qc::NcclTransport t(comms[static_cast<std::size_t>(r)], ids);
         const qc::Topology topo = qc::Topology::from_node_ids(ids, t.rank());
         Stream stream;
-        failed[static_cast<std::size_t>(r)] = bench_typed(t, topo, stream.get(), o, "nccl", 1);
+        failed[static_cast<std::size_t>(r)] = bench_typed(t, topo, stream.get(), o, "nccl", 1, check);
       } catch (const std::exception& e) {
         // The peers may be blocked in a collective this rank will never join: end the process.
         std::fprintf(stderr, "collectives_device (nccl rank %d): %s\n", r, e.what());
@@ -1032,23 +1192,37 @@ int main(int argc, char** argv) {
     return 2;
   }
 
-  int failed = 0;
+  Outcome failed;
+  auto add = [&](const Outcome& f) {
+    failed.flagged += f.flagged;
+    failed.wrong += f.wrong;
+  };
   try {
 #if QCOLL_HAVE_NCCL
     if (o.nccl) {
-      failed += run_nccl(o, visible);
+      add(run_nccl(o, visible));
       if (!o.csv) std::printf("\n");
     }
 #endif
-    if (o.cuda_local) failed += run_cuda_local(o);
+    if (o.cuda_local) add(run_cuda_local(o));
   } catch (const std::exception& e) {
     std::fprintf(stderr, "collectives_device: %s\n", e.what());
     return 1;
   }
-  if (failed > 0) {
-    std::printf("# FAILED: %d row(s) with kResultRejected or kResultBadMessage\n", failed);
+  if (failed.flagged > 0 || failed.wrong > 0) {
+    std::printf(
+        "# FAILED: %d row(s) with kResultRejected or kResultBadMessage, %d row(s) whose output differs from "
+        "the host plan's (#wrong > 0)\n",
+        failed.flagged, failed.wrong);
     return 1;
   }
-  std::printf("# done: no call reported kResultRejected or kResultBadMessage\n");
+  if (o.check != 0) {
+    std::printf(
+        "# done: no call reported kResultRejected or kResultBadMessage; every checked output equals the "
+        "host plan's bit for bit (#wrong 0)\n");
+  } else {
+    std::printf(
+        "# done: no call reported kResultRejected or kResultBadMessage (outputs not checked: -c 0)\n");
+  }
   return 0;
 }

@@ -41,6 +41,11 @@ timeout 150 "$build/bin/bench_quantize_device" >"$out/bench_quantize_device.txt"
 echo "bench_quantize_device: exit $?" | tee -a "$out/summary.txt"
 timeout 90 "$build/bin/bench_collectives_device" >"$out/bench_collectives_device.txt" 2>&1
 echo "bench_collectives_device: exit $?" | tee -a "$out/summary.txt"
+timeout 90 "$build/bin/bench_collectives_device" -c 1 --sizes 1M,4M -n 5 -w 2 \
+  >"$out/bench_collectives_device_check.txt" 2>&1
+rc=$?
+echo "bench_collectives_device -c 1 (device = host plan, bit for bit): exit $rc" | tee -a "$out/summary.txt"
+[ "$rc" -eq 0 ] || status=1
 timeout 60 "$build/bin/bench_collectives_device" --graph --sizes 4M,64M -w 2 \
   >"$out/bench_collectives_device_graph.txt" 2>&1
 echo "bench_collectives_device --graph: exit $?" | tee -a "$out/summary.txt"
