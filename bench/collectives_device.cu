@@ -713,6 +713,20 @@ class Bench {
     s.inter = inter_peers * bytes * static_cast<std::uint64_t>(times);
   }
 
+#if QCOLL_HAVE_NCCL
+  // A direct NCCL reference row: `call` makes the NCCL call named `name` and returns its result;
+  // the wire bytes are the logical volume of `times` shards of `shard_bytes` per peer.
+  template <class Call>
+  void nccl_row(const char* op, const char* name, Call&& call, std::size_t shard_bytes, int times,
+                const char* type, std::size_t numel, double busf, Ref& ref) {
+    RowStats s = measure([&] { nccl_ok(call(), name); }, [] { return Counters{}; });
+    logical_volume(s, shard_bytes, times);
+    emit(op, name, type, numel, busf, s, ref);
+  }
+  // NCCL's reduction for --reduce.
+  ncclRedOp_t nccl_reduce_op() const { return o_.reduce == qc::Reduce::mean ? ncclAvg : ncclSum; }
+#endif
+
   // Max of time and bytes, OR of flags over ranks. Collective.
   RowStats combine(RowStats s) {
     std::uint64_t mx[3] = {static_cast<std::uint64_t>(s.seconds * 1e9 + 0.5), s.intra, s.inter};
@@ -841,14 +855,10 @@ class Bench {
       sync();
 #if QCOLL_HAVE_NCCL
       if constexpr (is_nccl<Tr>::value) {
-        RowStats s = measure(
-            [&] {
-              nccl_ok(ncclAllGather(shard.get(), full.get(), S, nccl_type<T>(), t_.comm(), stream_),
-                      "ncclAllGather");
-            },
-            [] { return Counters{}; });
-        logical_volume(s, shard_bytes, 1);
-        emit("all_gather", "ncclAllGather", type, numel, busf, s, ref);
+        nccl_row(
+            "all_gather", "ncclAllGather",
+            [&] { return ncclAllGather(shard.get(), full.get(), S, nccl_type<T>(), t_.comm(), stream_); },
+            shard_bytes, 1, type, numel, busf, ref);
       }
 #endif
       RowStats s = measure([&] { t_.all_gather(shard.get(), full.get(), shard_bytes, stream_); },
@@ -915,15 +925,13 @@ class Bench {
       sync();
 #if QCOLL_HAVE_NCCL
       if constexpr (is_nccl<Tr>::value) {
-        const ncclRedOp_t op = o_.reduce == qc::Reduce::mean ? ncclAvg : ncclSum;
-        RowStats s = measure(
+        nccl_row(
+            "reduce_scatter", "ncclReduceScatter",
             [&] {
-              nccl_ok(ncclReduceScatter(in.get(), out.get(), S, nccl_type<T>(), op, t_.comm(), stream_),
-                      "ncclReduceScatter");
+              return ncclReduceScatter(in.get(), out.get(), S, nccl_type<T>(), nccl_reduce_op(), t_.comm(),
+                                       stream_);
             },
-            [] { return Counters{}; });
-        logical_volume(s, shard_bytes, 1);
-        emit("reduce_scatter", "ncclReduceScatter", type, numel, busf, s, ref);
+            shard_bytes, 1, type, numel, busf, ref);
       }
 #endif
       RowStats s = measure([&] { t_.all_to_all(in.get(), out.get(), shard_bytes, stream_); },
@@ -978,15 +986,13 @@ class Bench {
       sync();
 #if QCOLL_HAVE_NCCL
       if constexpr (is_nccl<Tr>::value) {
-        const ncclRedOp_t op = o_.reduce == qc::Reduce::mean ? ncclAvg : ncclSum;
-        RowStats s = measure(
+        nccl_row(
+            "all_reduce", "ncclAllReduce",
             [&] {
-              nccl_ok(ncclAllReduce(in.get(), out.get(), P, nccl_type<T>(), op, t_.comm(), stream_),
-                      "ncclAllReduce");
+              return ncclAllReduce(in.get(), out.get(), P, nccl_type<T>(), nccl_reduce_op(), t_.comm(),
+                                   stream_);
             },
-            [] { return Counters{}; });
-        logical_volume(s, shard_bytes, 2);
-        emit("all_reduce", "ncclAllReduce", type, numel, busf, s, ref);
+            shard_bytes, 2, type, numel, busf, ref);
       }
 #endif
       const T* own = mid.as<T>() + layout.shard_offset(t_.rank());

@@ -161,33 +161,6 @@ void launch_verify(const unsigned char* msgs, std::size_t stride, int k, std::si
   QCOLL_CUDA_CHECK_LAUNCH();
 }
 
-//! Decodes k messages of n elements of F (message q at msgs + q * stride) into out + q * n,
-//! zeroing outputs at index >= limit; skipped when *guard has tripped.
-template <class F, class T>
-void launch_gather_decode(const unsigned char* msgs, std::size_t stride, int k, std::size_t n, T* out,
-                          std::size_t limit, const std::uint32_t* guard, cudaStream_t stream) {
-  if (n == 0) return;
-  constexpr std::size_t E = 32 / sizeof(T);
-  const dim3 grid(grid_for((n + E - 1) / E, kThreads), static_cast<unsigned>(k));
-  decode_kernel<F, T, false><<<grid, kThreads, 0, stream>>>(
-      msgs, stride, k, n, PostOp{}, DecodeTarget<T>{out, n, limit, guard},
-      is_aligned16(msgs) && stride % 16 == 0, is_aligned16(out) && (n * sizeof(T)) % 16 == 0);
-  QCOLL_CUDA_CHECK_LAUNCH();
-}
-
-//! Sums k messages of n elements of F into out[0, n) (then post), zeroing out[valid, n); skipped
-//! when *guard has tripped.
-template <class F, class T>
-void launch_reduce(const unsigned char* msgs, std::size_t stride, int k, std::size_t n, PostOp post, T* out,
-                   std::size_t valid, const std::uint32_t* guard, cudaStream_t stream) {
-  if (n == 0) return;
-  constexpr std::size_t E = 32 / sizeof(T);
-  decode_kernel<F, T, true><<<grid_for((n + E - 1) / E, kThreads), kThreads, 0, stream>>>(
-      msgs, stride, k, n, post, DecodeTarget<T>{out, 0, valid, guard}, is_aligned16(msgs) && stride % 16 == 0,
-      is_aligned16(out));
-  QCOLL_CUDA_CHECK_LAUNCH();
-}
-
 //! The stream a plan's call runs on: `stream`, or the transport's own when null and it has one.
 template <class Transport>
 auto plan_stream(Transport& t, cudaStream_t stream, int) -> decltype(t.stream(), cudaStream_t{}) {
@@ -210,6 +183,26 @@ template <class T>
 void check_buffer(const char* fn, const char* name, const T* p, std::size_t n) {
   QCOLL_REQUIRE(p != nullptr || n == 0, fn, name, "null", "with", n << " elements");
   if (n > 0) require_device_accessible(p, fn, name);
+}
+
+//! The exchange of a gather plan (QuantizedAllGather, SecondaryShard::gather) on `stream`: this
+//! rank's message of F from `input` (or, when !ok, a rejected header), the transport's all_gather
+//! of the messages in p, the received headers checked into *status (flags masked by `report`),
+//! and message q decoded into out + q * input.n, outputs at index >= limit zeroed; the decode is
+//! skipped if the check tripped the guard.
+template <class F, class Transport, class Input, class T>
+void gather_exchange(Transport& t, const ::qcoll::detail::GatherPieces& p, bool ok, const Input& input,
+                     const host::QuantizeOptions& opt, T* out, std::size_t limit, std::uint32_t* status,
+                     std::uint32_t report, cudaStream_t stream) {
+  const std::size_t n = input.n, P = packed_bytes<F>(n);
+  if (ok) {
+    launch_quantize<F>(input, p.send, opt, stream, p.control.scratch);
+  } else {
+    launch_reject<F>(p.send, P, 1, n, stream);
+  }
+  t.all_gather(p.send, p.recv, P, stream);
+  launch_verify<F>(p.recv, P, t.size(), n, status, report, stream);
+  launch_gather_decode<F>(p.recv, P, t.size(), n, out, limit, status, stream);
 }
 
 //! Clears a plan's own result word (when it owns it) and returns the word to use.
@@ -277,24 +270,17 @@ std::string QuantizedAllGather<T, F, Transport>::device_call(const T* shard, T* 
   gd::check_device_workspace(fn, workspace, workspace_bytes, p.bytes);
   stream = gd::plan_stream(world_, stream, 0);
   const std::size_t S = layout_.shard_numel();
-  const int r = world_.rank(), W = world_.size();
-  const std::size_t P = message_bytes();
+  const int r = world_.rank();
   std::uint32_t* const st = gd::begin_status(status, p.control.status, stream);
   const std::string err = detail::local_check([&] {
     gd::check_buffer(fn, "shard", shard, S);
     gd::check_buffer(fn, "full", full, layout_.padded_numel());
   });
-  if (err.empty()) {
-    host::QuantizeOptions o = opt_;
-    o.index_base = layout_.shard_offset(r);
-    gd::launch_quantize<F>(gd::TensorInput<T>{shard, gpu::SourceMap::identity(layout_.valid_in_shard(r)), S},
-                           p.send, o, stream, p.control.scratch);
-  } else {
-    gd::launch_reject<F>(p.send, P, 1, S, stream);
-  }
-  world_.all_gather(p.send, p.recv, P, stream);
-  gd::launch_verify<F>(p.recv, P, W, S, st, report, stream);
-  gd::launch_gather_decode<F>(p.recv, P, W, S, full, layout_.numel(), st, stream);
+  host::QuantizeOptions o = opt_;
+  o.index_base = layout_.shard_offset(r);
+  gd::gather_exchange<F>(world_, p, err.empty(),
+                         gd::TensorInput<T>{shard, gpu::SourceMap::identity(layout_.valid_in_shard(r)), S}, o,
+                         full, layout_.numel(), st, report, stream);
   return err;
 }
 
@@ -418,7 +404,6 @@ std::string SecondaryShard<T, F, Transport>::device_gather(T* full, std::uint64_
   gd::check_device_workspace(fn, workspace, workspace_bytes, p.bytes);
   stream = gd::plan_stream(intra_, stream, 0);
   const std::size_t S = secondary_.shard_numel();
-  const std::size_t P = message_bytes();
   std::uint32_t* const st = gd::begin_status(nullptr, p.control.status, stream);
   const std::string err = detail::local_check([&] {
     QCOLL_REQUIRE(captured_, fn, "capture()", "never called", "before", "gather()");
@@ -426,20 +411,14 @@ std::string SecondaryShard<T, F, Transport>::device_gather(T* full, std::uint64_
                   "does not match the captured (stale secondary) generation", generation_);
     gd::check_buffer(fn, "full", full, layout_.padded_numel());
   });
-  if (err.empty()) {
-    const std::size_t offset = secondary_.shard_offset(local_);
-    host::QuantizeOptions o;
-    o.index_base = offset;
-    gd::launch_quantize<F>(
-        gd::TensorInput<T>{storage_.data(),
-                           gpu::SourceMap::identity(valid_elements_in(layout_.numel(), offset, S)), S},
-        p.send, o, stream, p.control.scratch);
-  } else {
-    gd::launch_reject<F>(p.send, P, 1, S, stream);
-  }
-  intra_.all_gather(p.send, p.recv, P, stream);
-  gd::launch_verify<F>(p.recv, P, secondary_.parts(), S, st, ~0u, stream);
-  gd::launch_gather_decode<F>(p.recv, P, secondary_.parts(), S, full, layout_.numel(), st, stream);
+  const std::size_t offset = secondary_.shard_offset(local_);
+  host::QuantizeOptions o;
+  o.index_base = offset;
+  gd::gather_exchange<F>(
+      intra_, p, err.empty(),
+      gd::TensorInput<T>{storage_.data(),
+                         gpu::SourceMap::identity(valid_elements_in(layout_.numel(), offset, S)), S},
+      o, full, layout_.numel(), st, ~0u, stream);
   return err;
 }
 

@@ -997,6 +997,35 @@ void launch_quantize(const Input& input, void* out_ptr, const host::QuantizeOpti
   }
 }
 
+//! Decodes k messages of n elements of F (message q at msgs + q * stride) into out + q * n,
+//! zeroing outputs at index >= limit; skipped when *guard (if not null) has tripped. One kernel
+//! (none for n = 0).
+template <class F, class T>
+void launch_gather_decode(const unsigned char* msgs, std::size_t stride, int k, std::size_t n, T* out,
+                          std::size_t limit, const std::uint32_t* guard, cudaStream_t stream) {
+  if (n == 0) return;
+  constexpr std::size_t E = 32 / sizeof(T);
+  const dim3 grid(grid_for((n + E - 1) / E, kThreads), static_cast<unsigned>(k));
+  decode_kernel<F, T, false>
+      <<<grid, kThreads, 0, stream>>>(msgs, stride, k, n, PostOp{}, DecodeTarget<T>{out, n, limit, guard},
+                                      is_aligned16(msgs) && (k == 1 || stride % 16 == 0),
+                                      is_aligned16(out) && (k == 1 || (n * sizeof(T)) % 16 == 0));
+  QCOLL_CUDA_CHECK_LAUNCH();
+}
+
+//! Sums k messages of n elements of F into out[0, n) (then post), zeroing out[valid, n); skipped
+//! when *guard (if not null) has tripped. One kernel (none for n = 0).
+template <class F, class T>
+void launch_reduce(const unsigned char* msgs, std::size_t stride, int k, std::size_t n, PostOp post, T* out,
+                   std::size_t valid, const std::uint32_t* guard, cudaStream_t stream) {
+  if (n == 0) return;
+  constexpr std::size_t E = 32 / sizeof(T);
+  decode_kernel<F, T, true><<<grid_for((n + E - 1) / E, kThreads), kThreads, 0, stream>>>(
+      msgs, stride, k, n, post, DecodeTarget<T>{out, 0, valid, guard},
+      is_aligned16(msgs) && (k == 1 || stride % 16 == 0), is_aligned16(out));
+  QCOLL_CUDA_CHECK_LAUNCH();
+}
+
 }  // namespace detail
 
 // ---------------------------------------------------------------------------------------------
@@ -1080,13 +1109,7 @@ void dequantize(const void* msg, std::size_t n, T* out, cudaStream_t stream) {
   QCOLL_REQUIRE(out != nullptr || n == 0, fn, "out", "null", "with n =", n);
   require_device_accessible(msg, fn, "msg");
   if (n > 0) require_device_accessible(out, fn, "out");
-  if (n == 0) return;
-  constexpr std::size_t E = 32 / sizeof(T);
-  detail::decode_kernel<F, T, false>
-      <<<detail::grid_for((n + E - 1) / E, detail::kThreads), detail::kThreads, 0, stream>>>(
-          static_cast<const unsigned char*>(msg), 0, 1, n, detail::PostOp{},
-          detail::DecodeTarget<T>{out, 0, n, nullptr}, detail::is_aligned16(msg), detail::is_aligned16(out));
-  QCOLL_CUDA_CHECK_LAUNCH();
+  detail::launch_gather_decode<F>(static_cast<const unsigned char*>(msg), 0, 1, n, out, n, nullptr, stream);
 }
 
 namespace detail {
@@ -1114,14 +1137,8 @@ void dequantize_reduce(const void* msgs, std::size_t stride, int k, std::size_t 
   detail::check_reduce_args(msgs, stride, k, post_scale, packed_bytes<F>(n), fn);
   QCOLL_REQUIRE(out != nullptr || n == 0, fn, "out", "null", "with n =", n);
   if (n > 0) require_device_accessible(out, fn, "out");
-  if (n == 0) return;
-  constexpr std::size_t E = 32 / sizeof(T);
-  const bool aligned = detail::is_aligned16(msgs) && (k == 1 || stride % 16 == 0);
-  detail::decode_kernel<F, T, true>
-      <<<detail::grid_for((n + E - 1) / E, detail::kThreads), detail::kThreads, 0, stream>>>(
-          static_cast<const unsigned char*>(msgs), stride, k, n, detail::PostOp{post_scale, false},
-          detail::DecodeTarget<T>{out, 0, n, nullptr}, aligned, detail::is_aligned16(out));
-  QCOLL_CUDA_CHECK_LAUNCH();
+  detail::launch_reduce<F>(static_cast<const unsigned char*>(msgs), stride, k, n,
+                           detail::PostOp{post_scale, false}, out, n, nullptr, stream);
 }
 
 //! Sums k messages of F exactly as dequantize_reduce (fp32, fixed order, post_scale) and
