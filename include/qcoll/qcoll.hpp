@@ -13,6 +13,7 @@
 #include "core/error.hpp"
 #include "core/fpmath.hpp"
 #include "core/half.hpp"
+#include "core/hash.hpp"
 #include "core/rng.hpp"
 #include "core/version.hpp"
 #include "core/workspace.hpp"

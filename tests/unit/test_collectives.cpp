@@ -308,17 +308,18 @@ TEST_CASE("the ZeRO++ communication table from the byte counters (2 nodes x 4, b
   const std::size_t S = layout.shard_numel();
   const std::size_t blocks = S / 2048;
   for (int r = 0; r < W; ++r) {
-    // Plain: 3 * (W-1)/W * M (+ one 16-byte header per message).
-    CHECK(plain[r].fwd_total == (W - 1) * (2 * S + 16));
-    CHECK(plain[r].bwd_total == (W - 1) * (2 * S + 16));
-    CHECK(plain[r].rs_total == (W - 1) * (2 * S + 16));
+    // Plain: 3 * (W-1)/W * M (+ one header per message).
+    const std::size_t H = sizeof(MessageHeader);
+    CHECK(plain[r].fwd_total == (W - 1) * (2 * S + H));
+    CHECK(plain[r].bwd_total == (W - 1) * (2 * S + H));
+    CHECK(plain[r].rs_total == (W - 1) * (2 * S + H));
     // qwZ: int8 codes (M/2 of a bf16 model) plus one fp32 scale per 2048-element block.
-    CHECK(zpp[r].fwd_total == (W - 1) * (16 + S + align16(4 * blocks)));
+    CHECK(zpp[r].fwd_total == (W - 1) * (H + S + align16(4 * blocks)));
     // hpZ: nothing leaves the node.
     CHECK(zpp[r].bwd_inter == 0u);
-    CHECK(zpp[r].bwd_total == (L - 1) * (16 + 2 * N * S));
+    CHECK(zpp[r].bwd_total == (L - 1) * (H + 2 * N * S));
     // qgZ across nodes: (N-1) int4 slices (S/2 bytes) plus scales.
-    CHECK(zpp[r].rs_inter == (N - 1) * (16 + S / 2 + align16(4 * blocks)));
+    CHECK(zpp[r].rs_inter == (N - 1) * (H + S / 2 + align16(4 * blocks)));
   }
   // The table, as fractions of M per rank (W-1)/W -> 1 for large W; here exact for W = 8.
   const double f = double(W - 1) / W;
@@ -443,8 +444,10 @@ TEST_CASE("bad arguments are rejected on every rank before anything is sent") {
       const ShardLayout mine(t.rank() == 3 ? 1001 : 1000, sh.world, granule_for(4, {32}));
       QuantizedAllGather<float, Int8<32>, LocalTransport> ag(t, mine);
     });
-    for (int r = 0; r < sh.world; ++r) CHECK(has(msg[r], "ranks disagree on the plan"));
-    CHECK(has(msg[3], "numel 1001"));
+    for (int r = 0; r < sh.world; ++r) {
+      CHECK(has(msg[r], "ranks disagree on the call"));
+      CHECK(has(msg[r], "numel: 1000 (ranks 0,1,2) vs 1001 (rank 3)"));
+    }
   }
   SUBCASE("topology that does not match the transport, unequal nodes, blocks that do not fit") {
     auto msg = errors_of(sh.world, ids, [&](LocalTransport& t) {
@@ -469,5 +472,156 @@ TEST_CASE("bad arguments are rejected on every rank before anything is sent") {
     });
     CHECK(has(msg[0], "'shard'"));
     CHECK(has(msg[0], "overlaps"));
+  }
+}
+
+TEST_CASE("ranks that disagree on what they call are told so on every rank, before anything moves") {
+  const Shape sh{4, 2, false};
+  const auto ids = node_ids(sh);
+  using AG = QuantizedAllGather<float, Int8<32>, LocalTransport>;
+  using RS = QuantizedReduceScatter<float, Int4<32>, Int4<32>, LocalTransport>;
+  // The same data on every rank: the plans' messages pack to the same sizes, so only the call's
+  // identity can tell the calls apart.
+  const ShardLayout a(1000, sh.world, granule_for(4, {32})), b(999, sh.world, granule_for(4, {32}));
+  REQUIRE(a.shard_numel() == b.shard_numel());
+
+  SUBCASE("a different plan of the same message size (numel 1000 vs 999)") {
+    std::vector<std::uint64_t> sent(sh.world, 1);
+    auto msg = errors_of(sh.world, ids, [&](LocalTransport& t) {
+      AG pa(t, a), pb(t, b);
+      REQUIRE(pa.message_bytes() == pb.message_bytes());
+      Workspace ws(pa.workspace_bytes());
+      std::vector<float> shard(a.shard_numel(), 1.0f), full(a.padded_numel());
+      t.reset_counters();
+      struct Sent {
+        LocalTransport& t;
+        std::uint64_t& out;
+        ~Sent() { out = t.counters().total(); }
+      } s{t, sent[t.rank()]};
+      (t.rank() == 1 ? pb : pa)(shard.data(), full.data(), ws.ptr, ws.bytes);
+    });
+    for (int r = 0; r < sh.world; ++r) {
+      CHECK(has(msg[r], "ranks disagree on the call"));
+      CHECK(has(msg[r], "numel: 1000 (ranks 0,2,3) vs 999 (rank 1)"));
+      CHECK(sent[r] == 0u);
+    }
+  }
+  SUBCASE("a different format of the same message size (int8 vs fp8 e4m3, block 32)") {
+    auto msg = errors_of(sh.world, ids, [&](LocalTransport& t) {
+      AG pa(t, a);
+      QuantizedAllGather<float, Fp8E4M3<32>, LocalTransport> pf(t, a);
+      REQUIRE(pa.message_bytes() == pf.message_bytes());
+      Workspace ws(pa.workspace_bytes());
+      std::vector<float> shard(a.shard_numel(), 1.0f), full(a.padded_numel());
+      if (t.rank() == 3)
+        pf(shard.data(), full.data(), ws.ptr, ws.bytes);
+      else
+        pa(shard.data(), full.data(), ws.ptr, ws.bytes);
+    });
+    for (int r = 0; r < sh.world; ++r) CHECK(has(msg[r], "format: int8 (ranks 0,1,2) vs e4m3 (rank 3)"));
+  }
+  SUBCASE("a different collective on one rank (reduce-scatter vs all-gather): an error, not a hang") {
+    for (Hops hops : {Hops::one, Hops::two}) {
+      auto msg = errors_of(sh.world, ids, [&](LocalTransport& t) {
+        const Topology topo = Topology::from_node_ids(ids, t.rank());
+        AG ag(t, a);
+        RS rs(t, topo, a, Reduce::sum, hops);
+        Workspace ws(std::max(ag.workspace_bytes(), rs.workspace_bytes()));
+        std::vector<float> grad(a.padded_numel(), 1.0f), full(a.padded_numel()), shard(a.shard_numel());
+        if (t.rank() == 2)
+          rs(grad.data(), shard.data(), ws.ptr, ws.bytes);
+        else
+          ag(shard.data(), full.data(), ws.ptr, ws.bytes);
+      });
+      for (int r = 0; r < sh.world; ++r) CHECK(has(msg[r], "kind: all-gather (ranks 0,1,3) vs reduce-scatter (rank 2)"));
+    }
+  }
+  SUBCASE("the same plan called once more on one rank: the call numbers differ") {
+    auto msg = errors_of(sh.world, ids, [&](LocalTransport& t) {
+      AG p1(t, a), p2(t, a);  // identical plans
+      Workspace ws(p1.workspace_bytes());
+      std::vector<float> shard(a.shard_numel(), 1.0f), full(a.padded_numel());
+      p1(shard.data(), full.data(), ws.ptr, ws.bytes);
+      (t.rank() == 0 ? p2 : p1)(shard.data(), full.data(), ws.ptr, ws.bytes);
+    });
+    for (int r = 0; r < sh.world; ++r) CHECK(has(msg[r], "call number: 1 (rank 0) vs 2 (ranks 1,2,3)"));
+  }
+  SUBCASE("valid but different node tables: every rank is told at construction, for qgZ and hpZ") {
+    for (int plan = 0; plan < 2; ++plan) {
+      auto msg = errors_of(sh.world, ids, [&](LocalTransport& t) {
+        const Topology topo = t.rank() == 1 ? Topology::round_robin(sh.world, 2, t.rank())
+                                            : Topology::node_major(sh.world, 2, t.rank());
+        if (plan == 0) {
+          RS rs(t, topo, a, Reduce::sum);
+        } else {
+          SecondaryShard<float, Identity<float, 32>, LocalTransport> hpz(t, topo, a);
+        }
+      });
+      for (int r = 0; r < sh.world; ++r) {
+        CHECK(has(msg[r], "ranks disagree on the call (node table: #"));
+        CHECK(has(msg[r], "(ranks 0,2,3) vs #"));
+      }
+    }
+  }
+  SUBCASE("hpZ: a stale generation on one rank raises on every rank of every node") {
+    auto msg = errors_of(sh.world, ids, [&](LocalTransport& t) {
+      const Topology topo = Topology::from_node_ids(ids, t.rank());
+      SecondaryShard<float, Identity<float, 32>, LocalTransport> hpz(t, topo, a);
+      Workspace ws(hpz.workspace_bytes());
+      std::vector<float> full(a.padded_numel(), 2.0f);
+      hpz.capture(full.data(), 5);
+      hpz.gather(full.data(), t.rank() == 3 ? 4 : 5, ws.ptr, ws.bytes);
+    });
+    CHECK(has(msg[3], "'generation' = 4"));
+    for (int r : {0, 1, 2}) CHECK(has(msg[r], "rank 3 rejected its arguments"));
+  }
+}
+
+TEST_CASE("buffers inside the workspace and misaligned buffers are rejected on every rank") {
+  const Shape sh{4, 2, true};
+  const auto ids = node_ids(sh);
+  const ShardLayout layout(1000, sh.world, granule_for(4, {32}));
+  using AG = QuantizedAllGather<float, Int8<32>, LocalTransport>;
+  using RS = QuantizedReduceScatter<float, Int4<32>, Int4<32>, LocalTransport>;
+  SUBCASE("an output inside the workspace, an input at its start") {
+    for (int which = 0; which < 2; ++which) {
+      std::vector<float> untouched(sh.world);
+      auto msg = errors_of(sh.world, ids, [&](LocalTransport& t) {
+        AG ag(t, layout);
+        // Room for the output after the plan's workspace, all in one block.
+        Workspace ws(ag.workspace_bytes() + 4 * layout.padded_numel());
+        std::vector<float> shard(layout.shard_numel(), 1.0f), full(layout.padded_numel(), 7.0f);
+        float* inside = static_cast<float*>(ws.ptr);
+        const bool bad = t.rank() == 1;
+        try {
+          if (which == 0)
+            ag(shard.data(), bad ? inside : full.data(), ws.ptr, ws.bytes);
+          else
+            ag(bad ? inside : shard.data(), full.data(), ws.ptr, ws.bytes);
+        } catch (...) {
+          untouched[t.rank()] = full[0];
+          throw;
+        }
+      });
+      CHECK(has(msg[1], which == 0 ? "'full'" : "'shard'"));
+      CHECK(has(msg[1], "overlaps the workspace"));
+      for (int r : {0, 2, 3}) CHECK(has(msg[r], "rank 1 rejected its arguments"));
+      for (int r : {0, 2, 3}) CHECK(untouched[r] == 7.0f);
+    }
+  }
+  SUBCASE("a float buffer not aligned to 4 bytes") {
+    auto msg = errors_of(sh.world, ids, [&](LocalTransport& t) {
+      const Topology topo = Topology::from_node_ids(ids, t.rank());
+      RS rs(t, topo, layout, Reduce::sum);
+      Workspace ws(rs.workspace_bytes());
+      std::vector<float> g(layout.padded_numel() + 1), s(layout.shard_numel());
+      const float* grad = g.data();
+      if (t.rank() == 0)
+        grad = reinterpret_cast<const float*>(reinterpret_cast<const unsigned char*>(g.data()) + 2);
+      rs(grad, s.data(), ws.ptr, ws.bytes);
+    });
+    CHECK(has(msg[0], "'grad'"));
+    CHECK(has(msg[0], "is not aligned to 4 bytes"));
+    for (int r : {1, 2, 3}) CHECK(has(msg[r], "rank 0 rejected its arguments"));
   }
 }

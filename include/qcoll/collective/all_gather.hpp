@@ -24,23 +24,25 @@ QCOLL_NAMESPACE_BEGIN
 template <class T, class F, class Transport>
 class QuantizedAllGather {
  public:
-  //! Collective. Throws qcoll::Error on every rank if the ranks disagree on the plan, if the
-  //! layout has a different number of parts than `world` has ranks, or if shards are not whole
-  //! blocks of F. `opt` selects nearest or stochastic rounding (keyed by global element index).
+  //! Collective. Throws qcoll::Error on every rank if the ranks disagree on the plan (its
+  //! CallIdentity: element type, format, block, layout sizes, rounding, seed; the error names the
+  //! fields that differ and the ranks on each side), if the layout has a different number of
+  //! parts than `world` has ranks, or if shards are not whole blocks of F. `opt` selects nearest
+  //! or stochastic rounding (keyed by global element index).
   QuantizedAllGather(Transport& world, const ShardLayout& layout, const host::QuantizeOptions& opt = {})
-      : world_(world), layout_(layout), opt_(opt) {
+      : world_(world), layout_(layout), opt_(opt), id_(identity(layout, opt)) {
     const std::string err = detail::local_check([&] {
       QCOLL_REQUIRE(layout.parts() == world.size(), "QuantizedAllGather", "layout.parts()", layout.parts(),
                     "differs from the world size", world.size());
       detail::check_blocks("QuantizedAllGather", layout, F::block, format_name(F::id));
     });
-    detail::agree_on_call(world, err, false, "QuantizedAllGather");
-    detail::agree_on_plan(world,
-                          detail::fingerprint({1, static_cast<std::uint64_t>(F::id), F::block,
-                                               static_cast<std::uint64_t>(dtype_of<T>::value), layout.numel(),
-                                               layout.padded_numel()}),
-                          "QuantizedAllGather", describe());
+    detail::agree_on_call(world, id_, err, false, "QuantizedAllGather");
   }
+
+  //! The plan's identity (call number 0), which every call's agreement compares across ranks.
+  const CallIdentity& identity() const { return id_; }
+  //! Calls made so far (each call, accepted or rejected, takes the next number on every rank).
+  std::uint64_t calls() const { return calls_; }
 
   //! Bytes of one rank's message on the wire.
   std::size_t message_bytes() const { return packed_bytes<F>(layout_.shard_numel()); }
@@ -50,11 +52,12 @@ class QuantizedAllGather {
   std::size_t workspace_bytes() const { return carve(nullptr).bytes; }
 
   //! Gathers: `shard` (shard_numel() elements, this rank's shard; may alias full + shard_offset(rank))
-  //! into `full` (padded_numel() elements). Host transports: returns kResultNonFinite if any rank's
-  //! shard held NaN or Inf (same on every rank), else 0; arguments are checked on every rank
-  //! before anything is sent, and a rank's bad argument raises qcoll::Error on all ranks. Device
-  //! transports: returns nothing, the flags go to the workspace (collective/device.cuh).
-  //! O(padded_numel) work.
+  //! into `full` (padded_numel() elements). Neither may overlap the workspace; both must be
+  //! aligned to alignof(T). Host transports: returns kResultNonFinite if any rank's shard held NaN
+  //! or Inf (same on every rank), else 0; before anything is sent the ranks agree on the call
+  //! (plan identity and call number) and on their arguments, and a disagreement or a rank's bad
+  //! argument raises qcoll::Error on all ranks. Device transports: returns nothing, the flags go
+  //! to the workspace (collective/device.cuh). O(padded_numel) work.
   auto operator()(const T* shard, T* full, void* workspace, std::size_t workspace_bytes,
                   typename Transport::stream_type stream = {}) {
     if constexpr (detail::on_device<Transport>) {
@@ -81,37 +84,46 @@ class QuantizedAllGather {
     const std::size_t S = layout_.shard_numel();
     const int r = world_.rank();
     const detail::GatherPieces p = carve(workspace);
+    const CallIdentity call = next_call();
     bool nonfinite = false;
     const std::string err = detail::local_check([&] {
-      QCOLL_REQUIRE(shard != nullptr || S == 0, fn, "shard", "null", "with shard_numel =", S);
-      QCOLL_REQUIRE(full != nullptr || layout_.padded_numel() == 0, fn, "full", "null",
-                    "with padded_numel =", layout_.padded_numel());
       detail::check_workspace(fn, workspace, workspace_bytes, p.bytes);
+      detail::check_buffer(fn, "shard", shard, S, workspace, workspace_bytes);
+      detail::check_buffer(fn, "full", full, layout_.padded_numel(), workspace, workspace_bytes);
       host::QuantizeOptions o = opt_;
       o.index_base = layout_.shard_offset(r);
+      o.tag = call.hash();
       const auto flags = host::detail::quantize_blocks<F, T>(
           S, detail::SliceSource<T, F::block>{shard, 0, layout_.valid_in_shard(r)}, p.send, o);
       nonfinite = (flags & kFlagNonFinite) != 0;
     });
-    const std::uint32_t result = detail::agree_on_call(world_, err, nonfinite, fn);
+    const std::uint32_t result = detail::agree_on_call(world_, call, err, nonfinite, fn);
     detail::gather_and_decode<F>(
         world_, p, message_bytes(), S, full, [this](int q) { return layout_.shard_offset(q); },
-        [this](int q) { return layout_.valid_in_shard(q); }, fn, "message from a peer");
+        [this](int q) { return layout_.valid_in_shard(q); }, call.hash(), fn, "message from a peer");
     return result;
+  }
+
+  // The identity of the next call (numbers it).
+  CallIdentity next_call() {
+    CallIdentity c = id_;
+    c.word[CallIdentity::call] = ++calls_;
+    return c;
+  }
+  static CallIdentity identity(const ShardLayout& layout, const host::QuantizeOptions& opt) {
+    CallIdentity id = detail::plan_identity<T>(1, layout, opt);
+    detail::set_format<F>(id, 1);
+    return id;
   }
 
   detail::GatherPieces carve(void* base) const {
     return detail::carve_gather(base, message_bytes(), world_.size(), detail::on_device<Transport>);
   }
-  std::string describe() const {
-    return std::string("all-gather of ") + dtype_name(dtype_of<T>::value) + " as " + format_name(F::id) +
-           "/" + std::to_string(F::block) + ", numel " + std::to_string(layout_.numel()) + " over " +
-           std::to_string(layout_.parts()) + " shards";
-  }
-
   Transport& world_;
   ShardLayout layout_;
   host::QuantizeOptions opt_;
+  CallIdentity id_;
+  std::uint64_t calls_ = 0;
 };
 
 QCOLL_NAMESPACE_END

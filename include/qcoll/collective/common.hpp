@@ -5,11 +5,15 @@
 //! peers hanging.
 
 #include <cstddef>
+#include <algorithm>
 #include <cstdint>
 #include <sstream>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "../core/error.hpp"
+#include "../core/hash.hpp"
 #include "../core/workspace.hpp"
 #include "../format/message.hpp"
 #include "../host/quantize.hpp"
@@ -35,44 +39,154 @@ constexpr std::uint32_t kResultRejected = kFlagRejected;
 //! was not written. (Host calls throw instead.)
 constexpr std::uint32_t kResultBadMessage = kFlagBadMessage;
 
+//! What a rank says it is calling: one word per field of the plan's identity, and the call's
+//! number. Every plan builds one at construction; every call (and the construction itself, as
+//! call 0) is agreed on by all ranks of the world before any byte moves, and its hash is the tag
+//! in every message header of the call. Fields a plan does not have are 0.
+struct CallIdentity {
+  //! The fields, in the order they are compared and named in errors.
+  enum Field : int {
+    kind,          //!< 1 all-gather, 2 hpZ gather, 3 reduce-scatter, 4 all-reduce
+    element_type,  //!< DType of the plan's elements
+    format1,       //!< FormatId of the (first hop's) format
+    block1,        //!< its block size
+    format2,       //!< FormatId of the second hop's (all-reduce: the gather's) format
+    block2,        //!< its block size
+    numel,         //!< the layout's element count
+    padded_numel,  //!< the layout's padded element count
+    parts,         //!< the layout's shards
+    reduce_op,     //!< Reduce
+    hops,          //!< Hops
+    node_table,    //!< Topology::fingerprint() (the whole node table), 0 without topology
+    rounding,      //!< Rounding
+    seed,          //!< stochastic rounding seed
+    call,          //!< 0 at construction, then 1, 2, ... per call of this plan
+    kFieldCount
+  };
+  std::uint64_t word[kFieldCount] = {};
+
+  //! Name of a field, as errors print it.
+  static const char* field_name(int f) noexcept {
+    static const char* const names[kFieldCount] = {
+        "kind", "element type", "format", "block", "second format", "second block", "numel", "padded numel",
+        "parts", "reduce op", "hops", "node table", "rounding", "seed", "call number"};
+    return f >= 0 && f < kFieldCount ? names[f] : "?";
+  }
+  //! 64-bit hash of all fields (FNV-1a); never 0, so a tag of 0 marks a standalone message.
+  std::uint64_t hash() const noexcept {
+    Fnv1a h;
+    for (std::uint64_t w : word) h.mix(w);
+    return h.value == 0 ? 1 : h.value;
+  }
+  //! Renders field f's value for an error message (kinds, types, formats and ops by name).
+  std::string field_value(int f) const {
+    const std::uint64_t v = word[f];
+    switch (f) {
+      case kind: {
+        static const char* const kinds[] = {"?", "all-gather", "hpZ gather", "reduce-scatter", "all-reduce"};
+        return v < 5 ? kinds[v] : std::to_string(v);
+      }
+      case element_type: return dtype_name(static_cast<DType>(v));
+      case format1:
+      case format2: return format_name(static_cast<FormatId>(v));
+      case reduce_op: return v == 0 ? "sum" : v == 1 ? "mean" : std::to_string(v);
+      case hops: return v == 0 ? "one" : v == 1 ? "two" : std::to_string(v);
+      case node_table: {
+        std::ostringstream os;
+        os << "#" << std::hex << v;
+        return os.str();
+      }
+      default: return std::to_string(v);
+    }
+  }
+};
+
 namespace detail {
 
-//! 64-bit FNV-1a over a list of words: a plan's identity (kind, formats, element type, sizes).
-inline std::uint64_t fingerprint(std::initializer_list<std::uint64_t> words) {
-  std::uint64_t h = 0xcbf29ce484222325ull;
-  for (std::uint64_t w : words)
-    for (int i = 0; i < 8; ++i) {
-      h ^= (w >> (8 * i)) & 0xffu;
-      h *= 0x100000001b3ull;
-    }
-  return h;
+//! The identity of a plan over `layout` (kind, element type, the layout's sizes, rounding, seed);
+//! callers fill in the formats, op, hops and node table.
+template <class T>
+CallIdentity plan_identity(int kind, const ShardLayout& layout, const host::QuantizeOptions& opt) {
+  CallIdentity id;
+  id.word[CallIdentity::kind] = static_cast<std::uint64_t>(kind);
+  id.word[CallIdentity::element_type] = static_cast<std::uint64_t>(dtype_of<T>::value);
+  id.word[CallIdentity::numel] = layout.numel();
+  id.word[CallIdentity::padded_numel] = layout.padded_numel();
+  id.word[CallIdentity::parts] = static_cast<std::uint64_t>(layout.parts());
+  id.word[CallIdentity::rounding] = static_cast<std::uint64_t>(opt.rounding);
+  id.word[CallIdentity::seed] = opt.rounding == Rounding::stochastic ? opt.seed : 0;
+  return id;
 }
 
-//! Collective: every rank of `t` must hold the same fingerprint; otherwise all ranks throw
-//! qcoll::Error naming the plan and this rank's description of it.
+//! Sets a format's fields (slot 1 or 2) of an identity.
+template <class F>
+void set_format(CallIdentity& id, int slot) {
+  id.word[slot == 1 ? CallIdentity::format1 : CallIdentity::format2] = static_cast<std::uint64_t>(F::id);
+  id.word[slot == 1 ? CallIdentity::block1 : CallIdentity::block2] = F::block;
+}
+
+//! Explains a disagreement: every rank's identity (ids[r]) grouped into the fields that differ,
+//! each with its values and the ranks holding them.
+inline std::string describe_disagreement(const std::vector<CallIdentity>& ids) {
+  std::ostringstream os;
+  bool first_field = true;
+  for (int f = 0; f < CallIdentity::kFieldCount; ++f) {
+    std::vector<std::pair<std::uint64_t, std::vector<int>>> groups;
+    for (int r = 0; r < static_cast<int>(ids.size()); ++r) {
+      const std::uint64_t v = ids[static_cast<std::size_t>(r)].word[f];
+      auto g = std::find_if(groups.begin(), groups.end(), [v](const auto& x) { return x.first == v; });
+      if (g == groups.end()) {
+        groups.push_back({v, {r}});
+      } else {
+        g->second.push_back(r);
+      }
+    }
+    if (groups.size() < 2) continue;
+    os << (first_field ? "" : "; ") << CallIdentity::field_name(f) << ":";
+    first_field = false;
+    for (std::size_t k = 0; k < groups.size(); ++k) {
+      const std::vector<int>& ranks = groups[k].second;
+      os << (k ? " vs " : " ") << ids[static_cast<std::size_t>(ranks.front())].field_value(f) << " (rank"
+         << (ranks.size() > 1 ? "s" : "");
+      const std::size_t shown = std::min<std::size_t>(ranks.size(), 8);
+      for (std::size_t i = 0; i < shown; ++i) os << (i ? "," : " ") << ranks[i];
+      if (shown < ranks.size()) os << ",... " << ranks.size() << " in all";
+      os << ")";
+    }
+  }
+  return os.str();
+}
+
+//! Collective over `world`: the one small all-reduce every call (and every plan construction)
+//! makes before anything else moves. It combines (1) the identity of what each rank calls, (2)
+//! each rank's verdict on its own arguments and (3) its input's non-finite flag. If the ranks
+//! disagree on the identity, every rank throws qcoll::Error naming the fields that differ and
+//! the ranks on each side (after one more all-reduce of W identities, made only then). If any rank
+//! rejected its arguments, every rank throws before anything is sent: the rejecting rank its own
+//! message, the others a message naming the lowest rejecting rank. Returns the OR of the
+//! non-finite flags (the same on every rank).
 template <class Transport>
-void agree_on_plan(Transport& t, std::uint64_t fp, const char* function, const std::string& description) {
-  std::uint64_t v[2] = {fp, ~fp};
-  t.all_reduce(v, 2, ReduceOp::max);
-  if (v[0] != fp || ~v[1] != fp) {
+std::uint32_t agree_on_call(Transport& world, const CallIdentity& id, const std::string& local_error,
+                            bool nonfinite, const char* function) {
+  const std::uint64_t size = static_cast<std::uint64_t>(world.size());
+  const std::uint64_t h = id.hash();
+  std::uint64_t v[4] = {local_error.empty() ? 0 : size - static_cast<std::uint64_t>(world.rank()),
+                        nonfinite ? 1u : 0u, h, ~h};
+  world.all_reduce(v, 4, ReduceOp::max);
+  if (v[2] != h || ~v[3] != h) {  // max != min: every rank sees it
+    // Every rank's identity, gathered as a sum of words where each rank fills only its own row
+    // (the small all-reduce: control traffic, not data).
+    constexpr std::size_t K = CallIdentity::kFieldCount;
+    std::vector<std::uint64_t> rows(static_cast<std::size_t>(world.size()) * K, 0);
+    std::copy(id.word, id.word + K, rows.begin() + static_cast<std::ptrdiff_t>(world.rank()) * K);
+    world.all_reduce(rows.data(), rows.size(), ReduceOp::sum);
+    std::vector<CallIdentity> ids(static_cast<std::size_t>(world.size()));
+    for (std::size_t r = 0; r < ids.size(); ++r) std::copy_n(rows.begin() + r * K, K, ids[r].word);
     std::ostringstream os;
-    os << "qcoll::" << function << ": ranks disagree on the plan (format, element type or size); rank "
-       << t.rank() << " has " << description;
+    os << "qcoll::" << function << ": ranks disagree on the call (" << describe_disagreement(ids)
+       << "); nothing was sent";
     throw Error(os.str());
   }
-}
-
-//! Collective: combines every rank's verdict on its own arguments and its input's non-finite flag.
-//! If any rank rejected its arguments, every rank throws before anything is sent: the rejecting
-//! rank its own message, the others a message naming the lowest rejecting rank. Returns the OR of
-//! the non-finite flags (the same on every rank).
-template <class Transport>
-std::uint32_t agree_on_call(Transport& t, const std::string& local_error, bool nonfinite,
-                            const char* function) {
-  const std::uint64_t size = static_cast<std::uint64_t>(t.size());
-  std::uint64_t v[2] = {local_error.empty() ? 0 : size - static_cast<std::uint64_t>(t.rank()),
-                        nonfinite ? 1u : 0u};
-  t.all_reduce(v, 2, ReduceOp::max);
   if (!local_error.empty()) throw Error(local_error);
   if (v[0] != 0) {
     std::ostringstream os;
@@ -101,6 +215,23 @@ inline void check_workspace(const char* function, const void* ws, std::size_t ws
                 "is not aligned to", kWorkspaceAlignment << " bytes");
 }
 
+//! Checks a buffer argument of n elements of T (host or device memory): not null when n > 0,
+//! aligned to alignof(T), and outside the workspace [ws, ws + ws_bytes) (the call writes its
+//! messages there while it reads inputs and writes outputs). O(1).
+template <class T>
+void check_buffer(const char* function, const char* name, const T* p, std::size_t n, const void* ws,
+                  std::size_t ws_bytes) {
+  QCOLL_REQUIRE(p != nullptr || n == 0, function, name, "null", "with", n << " elements");
+  if (p == nullptr || n == 0) return;
+  const std::uintptr_t a = reinterpret_cast<std::uintptr_t>(p), b = a + n * sizeof(T);
+  const std::uintptr_t w0 = reinterpret_cast<std::uintptr_t>(ws), w1 = w0 + ws_bytes;
+  QCOLL_REQUIRE(a % alignof(T) == 0, function, name, static_cast<const void*>(p), "is not aligned to",
+                alignof(T) << " bytes (the element type's alignment)");
+  QCOLL_REQUIRE(ws == nullptr || ws_bytes == 0 || b <= w0 || w1 <= a, function, name,
+                static_cast<const void*>(p) << " (" << n * sizeof(T) << " bytes)", "overlaps the workspace",
+                ws << " (" << ws_bytes << " bytes)");
+}
+
 //! Checks that a layout's shards are whole blocks of a format.
 inline void check_blocks(const char* function, const ShardLayout& layout, std::size_t block,
                          const char* format) {
@@ -111,7 +242,7 @@ inline void check_blocks(const char* function, const ShardLayout& layout, std::s
 //! Seed of rank r's stochastic rounding at a given hop: distinct per rank so that the ranks'
 //! rounding errors are independent and average out in a reduction.
 inline std::uint64_t rank_seed(std::uint64_t seed, int rank, int hop) {
-  return fingerprint({seed, static_cast<std::uint64_t>(rank), static_cast<std::uint64_t>(hop)});
+  return fnv1a({seed, static_cast<std::uint64_t>(rank), static_cast<std::uint64_t>(hop)});
 }
 
 //! A message-block source reading elements [offset, offset + n) of `base`, where elements at or
@@ -136,15 +267,25 @@ void decode_slice(const void* msg, std::size_t n, std::size_t valid, T* out) {
   for (std::size_t i = valid; i < n; ++i) out[i] = from_float<T>(0.0f);
 }
 
+//! Reads and checks the header of a message received in a call with tag `tag`.
+template <class F>
+MessageHeader read_call_header(const void* msg, std::size_t n, std::uint64_t tag, const char* function,
+                               const char* what) {
+  const MessageHeader h = host::detail::read_header<F>(msg, n, function, what);
+  check_tag(h, tag, function, what);
+  return h;
+}
+
 //! Decodes `count` messages of n elements each (message i at msgs + i * stride) and sums them in
-//! fp32 in order i = 0, 1, ... into acc[0, limit), starting from +0. Checks each header.
+//! fp32 in order i = 0, 1, ... into acc[0, limit), starting from +0. Checks each header (and the
+//! call's tag).
 template <class F>
 void sum_messages(const unsigned char* msgs, std::size_t stride, int count, std::size_t n, std::size_t limit,
-                  float* acc, const char* function) {
+                  float* acc, std::uint64_t tag, const char* function) {
   for (std::size_t i = 0; i < limit; ++i) acc[i] = 0.0f;
   for (int m = 0; m < count; ++m) {
     const unsigned char* msg = msgs + static_cast<std::size_t>(m) * stride;
-    host::detail::read_header<F>(msg, n, function, "received message");
+    read_call_header<F>(msg, n, tag, function, "received message");
     host::detail::decode_message<F>(
         msg, n, [acc](std::size_t i, float v) { acc[i] = fp::add(acc[i], v); }, limit);
   }
@@ -192,14 +333,15 @@ inline GatherPieces carve_gather(void* base, std::size_t message_bytes, int rank
 
 //! Gathers the messages in p.send over `t` and decodes message q (n elements of F) into
 //! out + offset(q): its first valid(q) elements as T, the rest of the n as zero. Checks every
-//! header. `what` names the senders in errors.
+//! header (and the call's tag). `what` names the senders in errors.
 template <class F, class T, class Transport, class Offset, class Valid>
 void gather_and_decode(Transport& t, const GatherPieces& p, std::size_t message_bytes, std::size_t n, T* out,
-                       Offset&& offset, Valid&& valid, const char* function, const char* what) {
+                       Offset&& offset, Valid&& valid, std::uint64_t tag, const char* function,
+                       const char* what) {
   t.all_gather(p.send, p.recv, message_bytes);
   for (int q = 0; q < t.size(); ++q) {
     const unsigned char* msg = p.recv + static_cast<std::size_t>(q) * message_bytes;
-    host::detail::read_header<F>(msg, n, function, what);
+    read_call_header<F>(msg, n, tag, function, what);
     decode_slice<F>(msg, n, valid(q), out + offset(q));
   }
 }

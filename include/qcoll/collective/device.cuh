@@ -75,8 +75,8 @@ namespace detail {
 //! Writes a valid header for each of k messages of n elements of F (message i at msgs + i *
 //! stride, 16-byte aligned), flagged kFlagRejected: what a rank that rejected its arguments sends.
 template <class F>
-__global__ void reject_kernel(unsigned char* msgs, std::size_t stride, int k, std::size_t n) {
-  MessageHeader h = make_header<F>(n);
+__global__ void reject_kernel(unsigned char* msgs, std::size_t stride, int k, std::size_t n, std::uint64_t tag) {
+  MessageHeader h = make_header<F>(n, tag);
   h.flags = kFlagRejected;
   for (int i = static_cast<int>(threadIdx.x); i < k; i += static_cast<int>(blockDim.x))
     *reinterpret_cast<MessageHeader*>(msgs + static_cast<std::size_t>(i) * stride) = h;
@@ -103,18 +103,19 @@ __global__ void spread_flags_kernel(unsigned char* msgs, std::size_t stride, int
 }
 
 //! Checks the headers of k received messages of n elements of F: a header that is not F's with n
-//! elements adds kFlagBadMessage; otherwise its flags (masked by `report`, plus the guard flags
-//! always) are ORed into *status.
+//! elements and the call's tag (a sender in another call: another plan, or another call number)
+//! adds kFlagBadMessage; otherwise its flags (masked by `report`, plus the guard flags always) are
+//! ORed into *status.
 template <class F>
 __global__ void verify_kernel(const unsigned char* msgs, std::size_t stride, int k, std::size_t n,
-                              std::uint32_t* status, std::uint32_t report) {
-  const MessageHeader want = make_header<F>(n);
+                              std::uint64_t tag, std::uint32_t* status, std::uint32_t report) {
+  const MessageHeader want = make_header<F>(n, tag);
   std::uint32_t u = 0;
   for (int i = static_cast<int>(threadIdx.x); i < k; i += static_cast<int>(blockDim.x)) {
     const MessageHeader h =
         *reinterpret_cast<const MessageHeader*>(msgs + static_cast<std::size_t>(i) * stride);
     const bool ok = h.magic == want.magic && h.format == want.format && h.log2_block == want.log2_block &&
-                    h.count == want.count;
+                    h.count == want.count && h.tag == want.tag;
     u |= ok ? (h.flags & (report | kGuardFlags) & (kFlagNonFinite | kGuardFlags)) : kFlagBadMessage;
   }
   if (u != 0) atomicOr(status, u);
@@ -143,8 +144,9 @@ inline void upload_table(int* dst, const std::vector<int>& table, cudaStream_t s
 }
 
 template <class F>
-void launch_reject(unsigned char* msgs, std::size_t stride, int k, std::size_t n, cudaStream_t stream) {
-  reject_kernel<F><<<1, 256, 0, stream>>>(msgs, stride, k, n);
+void launch_reject(unsigned char* msgs, std::size_t stride, int k, std::size_t n, std::uint64_t tag,
+                   cudaStream_t stream) {
+  reject_kernel<F><<<1, 256, 0, stream>>>(msgs, stride, k, n, tag);
   QCOLL_CUDA_CHECK_LAUNCH();
 }
 
@@ -155,9 +157,9 @@ inline void launch_spread(unsigned char* msgs, std::size_t stride, int k, const 
 }
 
 template <class F>
-void launch_verify(const unsigned char* msgs, std::size_t stride, int k, std::size_t n, std::uint32_t* status,
-                   std::uint32_t report, cudaStream_t stream) {
-  verify_kernel<F><<<1, 256, 0, stream>>>(msgs, stride, k, n, status, report);
+void launch_verify(const unsigned char* msgs, std::size_t stride, int k, std::size_t n, std::uint64_t tag,
+                   std::uint32_t* status, std::uint32_t report, cudaStream_t stream) {
+  verify_kernel<F><<<1, 256, 0, stream>>>(msgs, stride, k, n, tag, status, report);
   QCOLL_CUDA_CHECK_LAUNCH();
 }
 
@@ -178,10 +180,12 @@ inline void check_device_workspace(const char* fn, const void* ws, std::size_t w
   require_device_accessible(ws, fn, "workspace");
 }
 
-//! Checks one device buffer argument of n elements of T: non-null when n > 0, device memory.
+//! Checks one device buffer argument of n elements of T: as ::qcoll::detail::check_buffer (not
+//! null when n > 0, aligned, outside the workspace), and device memory.
 template <class T>
-void check_buffer(const char* fn, const char* name, const T* p, std::size_t n) {
-  QCOLL_REQUIRE(p != nullptr || n == 0, fn, name, "null", "with", n << " elements");
+void check_buffer(const char* fn, const char* name, const T* p, std::size_t n, const void* ws,
+                  std::size_t ws_bytes) {
+  ::qcoll::detail::check_buffer(fn, name, p, n, ws, ws_bytes);
   if (n > 0) require_device_accessible(p, fn, name);
 }
 
@@ -198,10 +202,10 @@ void gather_exchange(Transport& t, const ::qcoll::detail::GatherPieces& p, bool 
   if (ok) {
     launch_quantize<F>(input, p.send, opt, stream, p.control.scratch);
   } else {
-    launch_reject<F>(p.send, P, 1, n, stream);
+    launch_reject<F>(p.send, P, 1, n, opt.tag, stream);
   }
   t.all_gather(p.send, p.recv, P, stream);
-  launch_verify<F>(p.recv, P, t.size(), n, status, report, stream);
+  launch_verify<F>(p.recv, P, t.size(), n, opt.tag, status, report, stream);
   launch_gather_decode<F>(p.recv, P, t.size(), n, out, limit, status, stream);
 }
 
@@ -273,11 +277,12 @@ std::string QuantizedAllGather<T, F, Transport>::device_call(const T* shard, T* 
   const int r = world_.rank();
   std::uint32_t* const st = gd::begin_status(status, p.control.status, stream);
   const std::string err = detail::local_check([&] {
-    gd::check_buffer(fn, "shard", shard, S);
-    gd::check_buffer(fn, "full", full, layout_.padded_numel());
+    gd::check_buffer(fn, "shard", shard, S, workspace, workspace_bytes);
+    gd::check_buffer(fn, "full", full, layout_.padded_numel(), workspace, workspace_bytes);
   });
   host::QuantizeOptions o = opt_;
   o.index_base = layout_.shard_offset(r);
+  o.tag = next_call().hash();
   gd::gather_exchange<F>(world_, p, err.empty(),
                          gd::TensorInput<T>{shard, gpu::SourceMap::identity(layout_.valid_in_shard(r)), S}, o,
                          full, layout_.numel(), st, report, stream);
@@ -301,20 +306,21 @@ std::string QuantizedReduceScatter<T, F1, F2, Transport>::device_call(
   const int r = world_.rank();
   std::uint32_t* const st = gd::begin_status(status, p.control.status, stream);
   const std::string err = detail::local_check([&] {
-    gd::check_buffer(fn, "grad", grad, padded);
-    gd::check_buffer(fn, "shard", shard, S);
-    QCOLL_REQUIRE(shard == nullptr || grad == nullptr || shard + S <= grad || grad + padded <= shard, fn,
-                  "shard", static_cast<const void*>(shard), "overlaps", "grad");
+    check_arguments(fn, grad, shard, workspace, workspace_bytes);
+    if (padded > 0) gpu::require_device_accessible(grad, fn, "grad");
+    if (S > 0) gpu::require_device_accessible(shard, fn, "shard");
   });
   const std::size_t n1 = hop1_count(), P1 = hop1_message_bytes();
   const int k1 = hop1_messages();
+  const std::uint64_t tag = next_call().hash();
   host::QuantizeOptions o = opt_;
   o.seed = detail::rank_seed(opt_.seed, r, 1);
+  o.tag = tag;
   const bool two = hops_ == Hops::two;
   const int N = topo_.num_nodes(), L = topo_.ranks_per_node(), j = topo_.local_index();
   // Hop 1: quantize (the qgZ reorder fused in for two hops), or mark the messages rejected.
   if (!err.empty()) {
-    gd::launch_reject<F1>(p.send1, P1, k1, n1, stream);
+    gd::launch_reject<F1>(p.send1, P1, k1, n1, tag, stream);
   } else if (!two) {
     for (int q = 0; q < k1; ++q) {
       o.index_base = layout_.shard_offset(q);
@@ -337,15 +343,16 @@ std::string QuantizedReduceScatter<T, F1, F2, Transport>::device_call(
   const gd::PostOp post{op_ == Reduce::mean ? static_cast<float>(world_.size()) : 1.0f, true};
   if (!two) {
     world_.all_to_all(p.send1, p.recv1, P1, stream);
-    gd::launch_verify<F1>(p.recv1, P1, k1, S, st, report, stream);
+    gd::launch_verify<F1>(p.recv1, P1, k1, S, tag, st, report, stream);
     gd::launch_reduce<F1>(p.recv1, P1, k1, S, post, shard, valid, st, stream);
     return err;
   }
   intra_.all_to_all(p.send1, p.recv1, P1, stream);
-  gd::launch_verify<F1>(p.recv1, P1, L, n1, st, report, stream);
+  gd::launch_verify<F1>(p.recv1, P1, L, n1, tag, st, report, stream);
   // Sum the L chunks and re-quantize each node's slice of the partial sum, without writing it out.
   host::QuantizeOptions o2 = opt_;
   o2.seed = detail::rank_seed(opt_.seed, r, 2);
+  o2.tag = tag;
   const std::size_t P2 = hop2_message_bytes();
   const bool aligned1 = gd::is_aligned16(p.recv1) && P1 % 16 == 0;
   for (int m = 0; m < N; ++m) {
@@ -357,7 +364,7 @@ std::string QuantizedReduceScatter<T, F1, F2, Transport>::device_call(
   }
   gd::launch_spread(p.send2, P2, N, st, stream);
   inter_.all_to_all(p.send2, p.recv2, P2, stream);
-  gd::launch_verify<F2>(p.recv2, P2, N, S, st, report, stream);
+  gd::launch_verify<F2>(p.recv2, P2, N, S, tag, st, report, stream);
   gd::launch_reduce<F2>(p.recv2, P2, N, S, post, shard, valid, st, stream);
   return err;
 }
@@ -380,9 +387,10 @@ void QuantizedAllReduce<T, F1, F2, F3, Transport>::device_call(const T* in, T* o
   // reduce-scatter's, as on the host).
   // This plan's own names come first in an error (the stages would name `grad` and `full`).
   const std::size_t padded = rs_.layout().padded_numel();
+  ++calls_;
   const std::string err0 = detail::local_check([&] {
-    gd::check_buffer("QuantizedAllReduce", "in", in, padded);
-    gd::check_buffer("QuantizedAllReduce", "out", out, padded);
+    gd::check_buffer("QuantizedAllReduce", "in", in, padded, workspace, workspace_bytes);
+    gd::check_buffer("QuantizedAllReduce", "out", out, padded, workspace, workspace_bytes);
   });
   const std::string err1 = rs_.device_call(in, p.shard, p.inner, p.inner_bytes, stream, st, ~0u);
   const std::string err2 = ag_.device_call(p.shard, out, p.inner, p.inner_bytes, stream, st, 0u);
@@ -409,11 +417,12 @@ std::string SecondaryShard<T, F, Transport>::device_gather(T* full, std::uint64_
     QCOLL_REQUIRE(captured_, fn, "capture()", "never called", "before", "gather()");
     QCOLL_REQUIRE(generation == generation_, fn, "generation", generation,
                   "does not match the captured (stale secondary) generation", generation_);
-    gd::check_buffer(fn, "full", full, layout_.padded_numel());
+    gd::check_buffer(fn, "full", full, layout_.padded_numel(), workspace, workspace_bytes);
   });
   const std::size_t offset = secondary_.shard_offset(local_);
   host::QuantizeOptions o;
   o.index_base = offset;
+  o.tag = next_call().hash();
   gd::gather_exchange<F>(
       intra_, p, err.empty(),
       gd::TensorInput<T>{storage_.data(),

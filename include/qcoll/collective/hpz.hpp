@@ -28,8 +28,11 @@ class DeviceStorage;
 //! reproduced exactly).
 //!
 //! The secondary copy carries the weights generation it was taken from; gather() with any other
-//! generation throws instead of using stale weights (host transports: on every rank, before
-//! sending; device transports: on that rank, its node peers get kResultRejected). The copy is
+//! generation throws instead of using stale weights (host transports: on every rank of the world,
+//! before sending; device transports: on that rank, its node peers get kResultRejected). On host
+//! transports each gather() first agrees with the whole world (one small all-reduce: the call's
+//! identity and every rank's verdict on its arguments), so a bad argument or a disagreement on
+//! any node raises qcoll::Error on every rank; only the data stays inside the node. The copy is
 //! held in plan-owned storage allocated once at construction (device memory for a device
 //! transport); calls allocate nothing. On device transports capture() and gather() take device
 //! buffers and are stream-ordered (collective/device.cuh).
@@ -38,21 +41,20 @@ class SecondaryShard {
  public:
   using SubTransport = decltype(std::declval<Transport&>().split(0, 0));
 
-  //! Collective over `world`: splits off the intra-node group (ranks of this rank's node, ordered
-  //! by local index) and checks that all ranks agree on the plan. `topo` must describe `world`.
+  //! Collective over `world`: checks that all ranks agree on the plan (element type, format,
+  //! layout and the whole node table), then splits off the intra-node group (ranks of this rank's
+  //! node, ordered by local index). `topo` must describe `world`. `world` must outlive the plan.
   SecondaryShard(Transport& world, const Topology& topo, const ShardLayout& layout)
-      : layout_(layout),
-        secondary_(checked(world, topo, layout)),
+      : world_(world),
+        layout_(layout),
+        id_(identity(layout, topo)),
+        secondary_(checked(world, topo, layout, id_)),
         intra_(world.split(topo.node(), topo.local_index())),
         local_(topo.local_index()),
-        storage_(secondary_.shard_numel()) {
-    detail::agree_on_plan(
-        world,
-        detail::fingerprint({2, static_cast<std::uint64_t>(F::id), F::block,
-                             static_cast<std::uint64_t>(dtype_of<T>::value), layout.numel(),
-                             layout.padded_numel(), static_cast<std::uint64_t>(topo.ranks_per_node())}),
-        "SecondaryShard", "hpZ secondary shard of numel " + std::to_string(layout.numel()));
-  }
+        storage_(secondary_.shard_numel()) {}
+
+  //! The plan's identity (call number 0), which every gather's agreement compares across ranks.
+  const CallIdentity& identity() const { return id_; }
 
   //! Keeps this rank's secondary shard of `full` (padded_numel() elements, identical on all ranks,
   //! e.g. the output of the forward QuantizedAllGather) as weights generation `generation`. Local,
@@ -87,8 +89,9 @@ class SecondaryShard {
   std::size_t workspace_bytes() const { return carve(nullptr).bytes; }
 
   //! Rebuilds `full` (padded_numel() elements) from the L secondary shards of this node, with an
-  //! all-gather over the intra-node group only (no byte leaves the node). `generation` must equal
-  //! the captured one on every rank, else every rank throws qcoll::Error before sending. Host
+  //! all-gather over the intra-node group only (no data leaves the node; the agreement is one
+  //! small all-reduce over the world). `generation` must equal the captured one on every rank,
+  //! else every rank throws qcoll::Error before sending. `full` must not overlap the workspace. Host
   //! transports: returns kResultNonFinite if a secondary shard held NaN or Inf. Device transports:
   //! returns nothing, the flags go to the workspace (collective/device.cuh), and a stale
   //! generation is a rejected argument (this rank throws, its node peers get kResultRejected).
@@ -117,17 +120,18 @@ class SecondaryShard {
     const char* fn = "SecondaryShard::gather";
     const std::size_t S = secondary_.shard_numel();
     const detail::GatherPieces p = carve(workspace);
+    const CallIdentity call = next_call();
     bool nonfinite = false;
     const std::string err = detail::local_check([&] {
       QCOLL_REQUIRE(captured_, fn, "capture()", "never called", "before", "gather()");
       QCOLL_REQUIRE(generation == generation_, fn, "generation", generation,
                     "does not match the captured (stale secondary) generation", generation_);
-      QCOLL_REQUIRE(full != nullptr || layout_.padded_numel() == 0, fn, "full", "null",
-                    "with padded_numel =", layout_.padded_numel());
       detail::check_workspace(fn, workspace, workspace_bytes, p.bytes);
+      detail::check_buffer(fn, "full", full, layout_.padded_numel(), workspace, workspace_bytes);
       const std::size_t offset = secondary_.shard_offset(local_);
       host::QuantizeOptions o;
       o.index_base = offset;
+      o.tag = call.hash();
       const T* mine = storage_.data();
       const std::size_t numel = layout_.numel();
       const auto flags = host::detail::quantize_blocks<F, T>(
@@ -139,19 +143,34 @@ class SecondaryShard {
           p.send, o);
       nonfinite = (flags & kFlagNonFinite) != 0;
     });
-    const std::uint32_t result = detail::agree_on_call(intra_, err, nonfinite, fn);
+    // Agreed over the world, so that every node hears of a rank's bad argument or disagreement.
+    const std::uint32_t result = detail::agree_on_call(world_, call, err, nonfinite, fn);
     const std::size_t numel = layout_.numel();
     detail::gather_and_decode<F>(
         intra_, p, message_bytes(), S, full, [this](int j) { return secondary_.shard_offset(j); },
-        [&](int j) { return valid_elements_in(numel, secondary_.shard_offset(j), S); }, fn,
+        [&](int j) { return valid_elements_in(numel, secondary_.shard_offset(j), S); }, call.hash(), fn,
         "message from a node peer");
     return result;
+  }
+
+  // The identity of the next gather (numbers it).
+  CallIdentity next_call() {
+    CallIdentity c = id_;
+    c.word[CallIdentity::call] = ++calls_;
+    return c;
+  }
+  static CallIdentity identity(const ShardLayout& layout, const Topology& topo) {
+    CallIdentity id = detail::plan_identity<T>(2, layout, host::QuantizeOptions{});
+    detail::set_format<F>(id, 1);
+    id.word[CallIdentity::node_table] = topo.fingerprint();
+    return id;
   }
 
   detail::GatherPieces carve(void* base) const {
     return detail::carve_gather(base, message_bytes(), secondary_.parts(), detail::on_device<Transport>);
   }
-  static SecondaryLayout checked(Transport& world, const Topology& topo, const ShardLayout& layout) {
+  static SecondaryLayout checked(Transport& world, const Topology& topo, const ShardLayout& layout,
+                                 const CallIdentity& id) {
     const std::string err = detail::local_check([&] {
       QCOLL_REQUIRE(topo.world_size() == world.size() && topo.rank() == world.rank(), "SecondaryShard",
                     "topo", "world " << topo.world_size() << " rank " << topo.rank(),
@@ -161,16 +180,19 @@ class SecondaryShard {
                     "differs from the world size", world.size());
       detail::check_blocks("SecondaryShard", layout, F::block, format_name(F::id));
     });
-    detail::agree_on_call(world, err, false, "SecondaryShard");
+    detail::agree_on_call(world, id, err, false, "SecondaryShard");
     return SecondaryLayout(layout, topo);
   }
 
+  Transport& world_;
   ShardLayout layout_;
+  CallIdentity id_;
   SecondaryLayout secondary_;
   SubTransport intra_;
   int local_;
   Storage storage_;
   std::uint64_t generation_ = 0;
+  std::uint64_t calls_ = 0;
   bool captured_ = false;
 };
 

@@ -41,13 +41,16 @@ class QuantizedReduceScatter {
  public:
   using SubTransport = decltype(std::declval<Transport&>().split(0, 0));
 
-  //! Collective. Throws qcoll::Error on every rank if the ranks disagree on the plan, `topo` does
-  //! not describe `world`, the layout's parts differ from the world size, or shards are not whole
-  //! blocks of F1 and F2.
+  //! Collective. Throws qcoll::Error on every rank, before any sub-group is split off, if the
+  //! ranks disagree on the plan (its CallIdentity: element type, formats, blocks, layout sizes,
+  //! op, hops, the whole node table, rounding, seed; the error names the fields that differ and
+  //! the ranks on each side), `topo` does not describe `world`, the layout's parts differ from the
+  //! world size, or shards are not whole blocks of F1 and F2.
   QuantizedReduceScatter(Transport& world, const Topology& topo, const ShardLayout& layout, Reduce op,
                          Hops hops = Hops::two, const host::QuantizeOptions& opt = {})
       : world_(world),
-        topo_(checked(world, topo, layout, hops)),
+        id_(identity(layout, topo, op, hops, opt)),
+        topo_(checked(world, topo, layout, hops, id_)),
         layout_(layout),
         op_(op),
         hops_(hops),
@@ -55,15 +58,10 @@ class QuantizedReduceScatter {
         intra_(world.split(hops == Hops::two ? topo.node() : 0, topo.local_index())),
         inter_(world.split(hops == Hops::two ? topo.local_index() : world.rank(), topo.node())) {
     rank_at_.assign(topo.rank_at_table(), topo.rank_at_table() + topo.world_size());
-    detail::agree_on_plan(
-        world,
-        detail::fingerprint(
-            {3, static_cast<std::uint64_t>(F1::id), F1::block, static_cast<std::uint64_t>(F2::id), F2::block,
-             static_cast<std::uint64_t>(dtype_of<T>::value), layout.numel(), layout.padded_numel(),
-             static_cast<std::uint64_t>(op), static_cast<std::uint64_t>(hops),
-             static_cast<std::uint64_t>(topo.ranks_per_node())}),
-        "QuantizedReduceScatter", describe());
   }
+
+  //! The plan's identity (call number 0), which every call's agreement compares across ranks.
+  const CallIdentity& identity() const { return id_; }
 
   //! Bytes of one hop-1 message (one per destination).
   std::size_t hop1_message_bytes() const { return packed_bytes<F1>(hop1_count()); }
@@ -77,7 +75,8 @@ class QuantizedReduceScatter {
 
   //! Reduces `grad` (padded_numel() elements; elements >= numel are ignored) over all ranks into
   //! `shard` (shard_numel() elements: this rank's slice; padding written as 0). `grad` and `shard`
-  //! must not overlap. Host transports: returns kResultNonFinite if any rank's gradient held NaN or
+  //! must not overlap each other or the workspace, and are aligned to alignof(T). Host transports
+  //! agree on the call (identity and call number) and the arguments over the world first. Host transports: returns kResultNonFinite if any rank's gradient held NaN or
   //! Inf (same on every rank); such values turn their blocks into NaN wherever they land. Device
   //! transports: returns nothing, the flags go to the workspace (collective/device.cuh).
   auto operator()(const T* grad, T* shard, void* workspace, std::size_t workspace_bytes,
@@ -107,31 +106,29 @@ class QuantizedReduceScatter {
     const char* fn = "QuantizedReduceScatter";
     const Pieces p = carve(workspace);
     const std::size_t S = layout_.shard_numel();
+    const CallIdentity call = next_call();
+    const std::uint64_t tag = call.hash();
     bool nonfinite = false;
     const std::string err = detail::local_check([&] {
-      QCOLL_REQUIRE(grad != nullptr || layout_.padded_numel() == 0, fn, "grad", "null",
-                    "with padded_numel =", layout_.padded_numel());
-      QCOLL_REQUIRE(shard != nullptr || S == 0, fn, "shard", "null", "with shard_numel =", S);
-      QCOLL_REQUIRE(
-          shard == nullptr || grad == nullptr || shard + S <= grad || grad + layout_.padded_numel() <= shard,
-          fn, "shard", static_cast<const void*>(shard), "overlaps", "grad");
       detail::check_workspace(fn, workspace, workspace_bytes, p.bytes);
-      nonfinite = quantize_hop1(grad, p.send1);
+      check_arguments(fn, grad, shard, workspace, workspace_bytes);
+      nonfinite = quantize_hop1(grad, p.send1, tag);
     });
-    const std::uint32_t result = detail::agree_on_call(world_, err, nonfinite, fn);
+    const std::uint32_t result = detail::agree_on_call(world_, call, err, nonfinite, fn);
     const int r = world_.rank();
     if (hops_ == Hops::one) {
       world_.all_to_all(p.send1, p.recv1, hop1_message_bytes());
       detail::sum_messages<F1>(p.recv1, hop1_message_bytes(), world_.size(), S, layout_.valid_in_shard(r),
-                               p.acc, fn);
+                               p.acc, tag, fn);
     } else {
       const int N = topo_.num_nodes(), L = topo_.ranks_per_node(), j = topo_.local_index();
       const std::size_t n1 = hop1_count();
       intra_.all_to_all(p.send1, p.recv1, hop1_message_bytes());
-      detail::sum_messages<F1>(p.recv1, hop1_message_bytes(), L, n1, n1, p.acc, fn);
+      detail::sum_messages<F1>(p.recv1, hop1_message_bytes(), L, n1, n1, p.acc, tag, fn);
       // Re-quantize the N node slices of the partial sum, one message per node.
       host::QuantizeOptions o = opt_;
       o.seed = detail::rank_seed(opt_.seed, r, 2);
+      o.tag = tag;
       const std::size_t P2 = hop2_message_bytes();
       for (int m = 0; m < N; ++m) {
         const int owner = rank_at_[static_cast<std::size_t>(m * L + j)];
@@ -143,7 +140,7 @@ class QuantizedReduceScatter {
             p.send2 + static_cast<std::size_t>(m) * P2, o);
       }
       inter_.all_to_all(p.send2, p.recv2, P2);
-      detail::sum_messages<F2>(p.recv2, P2, N, S, layout_.valid_in_shard(r), p.acc, fn);
+      detail::sum_messages<F2>(p.recv2, P2, N, S, layout_.valid_in_shard(r), p.acc, tag, fn);
     }
     const std::size_t valid = layout_.valid_in_shard(r);
     const float world = static_cast<float>(world_.size());
@@ -189,11 +186,41 @@ class QuantizedReduceScatter {
     return p;
   }
 
+  // The argument checks shared by the host and device calls (buffers: present, aligned, apart
+  // from each other and from the workspace).
+  void check_arguments(const char* fn, const T* grad, const T* shard, const void* workspace,
+                       std::size_t workspace_bytes) const {
+    const std::size_t S = layout_.shard_numel(), padded = layout_.padded_numel();
+    detail::check_buffer(fn, "grad", grad, padded, workspace, workspace_bytes);
+    detail::check_buffer(fn, "shard", shard, S, workspace, workspace_bytes);
+    QCOLL_REQUIRE(shard == nullptr || grad == nullptr || S == 0 || padded == 0 || shard + S <= grad ||
+                      grad + padded <= shard,
+                  fn, "shard", static_cast<const void*>(shard), "overlaps", "grad");
+  }
+
+  // The identity of the next call (numbers it).
+  CallIdentity next_call() {
+    CallIdentity c = id_;
+    c.word[CallIdentity::call] = ++calls_;
+    return c;
+  }
+  static CallIdentity identity(const ShardLayout& layout, const Topology& topo, Reduce op, Hops hops,
+                               const host::QuantizeOptions& opt) {
+    CallIdentity id = detail::plan_identity<T>(3, layout, opt);
+    detail::set_format<F1>(id, 1);
+    detail::set_format<F2>(id, 2);
+    id.word[CallIdentity::reduce_op] = static_cast<std::uint64_t>(op);
+    id.word[CallIdentity::hops] = static_cast<std::uint64_t>(hops);
+    id.word[CallIdentity::node_table] = topo.fingerprint();
+    return id;
+  }
+
   // Quantizes the hop-1 messages (the qgZ reorder fused in for two hops); returns non-finite.
-  bool quantize_hop1(const T* grad, unsigned char* send) const {
+  bool quantize_hop1(const T* grad, unsigned char* send, std::uint64_t tag) const {
     const std::size_t S = layout_.shard_numel(), P1 = hop1_message_bytes();
     host::QuantizeOptions o = opt_;
     o.seed = detail::rank_seed(opt_.seed, world_.rank(), 1);
+    o.tag = tag;
     bool bad = false;
     if (hops_ == Hops::one) {
       for (int q = 0; q < world_.size(); ++q) {
@@ -221,7 +248,8 @@ class QuantizedReduceScatter {
     return bad;
   }
 
-  static Topology checked(Transport& world, const Topology& topo, const ShardLayout& layout, Hops hops) {
+  static Topology checked(Transport& world, const Topology& topo, const ShardLayout& layout, Hops hops,
+                          const CallIdentity& id) {
     const std::string err = detail::local_check([&] {
       QCOLL_REQUIRE(
           topo.world_size() == world.size() && topo.rank() == world.rank(), "QuantizedReduceScatter", "topo",
@@ -233,18 +261,13 @@ class QuantizedReduceScatter {
       if (hops == Hops::two)
         detail::check_blocks("QuantizedReduceScatter", layout, F2::block, format_name(F2::id));
     });
-    detail::agree_on_call(world, err, false, "QuantizedReduceScatter");
+    detail::agree_on_call(world, id, err, false, "QuantizedReduceScatter");
     return topo;
   }
 
-  std::string describe() const {
-    return std::string("reduce-scatter of ") + dtype_name(dtype_of<T>::value) + " as " + format_name(F1::id) +
-           "/" + std::to_string(F1::block) + " then " + format_name(F2::id) + "/" +
-           std::to_string(F2::block) + ", numel " + std::to_string(layout_.numel()) +
-           (hops_ == Hops::two ? ", two hops" : ", one hop");
-  }
-
   Transport& world_;
+  CallIdentity id_;
+  std::uint64_t calls_ = 0;
   Topology topo_;
   ShardLayout layout_;
   Reduce op_;
@@ -264,7 +287,11 @@ class QuantizedAllReduce {
   //! Collective; see QuantizedReduceScatter and QuantizedAllGather for the checks.
   QuantizedAllReduce(Transport& world, const Topology& topo, const ShardLayout& layout, Reduce op,
                      Hops hops = Hops::two, const host::QuantizeOptions& opt = {})
-      : world_(world), rs_(world, topo, layout, op, hops, opt), ag_(world, layout, opt) {}
+      : world_(world), rs_(world, topo, layout, op, hops, opt), ag_(world, layout, opt), id_(rs_.identity()) {
+    id_.word[CallIdentity::kind] = 4;
+    id_.word[CallIdentity::format2] = static_cast<std::uint64_t>(F3::id);  // the stage formats F1, F3;
+    id_.word[CallIdentity::block2] = F3::block;                            // F2 is the stage's own
+  }
 
   //! Workspace the call needs, in bytes.
   std::size_t workspace_bytes() const { return carve(nullptr).bytes; }
@@ -279,15 +306,16 @@ class QuantizedAllReduce {
       device_call(in, out, workspace, workspace_bytes, stream);
     } else {
       const Pieces p = carve(workspace);
+      CallIdentity call = id_;
+      call.word[CallIdentity::call] = ++calls_;
       const std::string err = detail::local_check([&] {
+        const char* fn = "QuantizedAllReduce";
         const std::size_t padded = rs_.layout().padded_numel();
-        QCOLL_REQUIRE(in != nullptr || padded == 0, "QuantizedAllReduce", "in", "null",
-                      "with padded_numel =", padded);
-        QCOLL_REQUIRE(out != nullptr || padded == 0, "QuantizedAllReduce", "out", "null",
-                      "with padded_numel =", padded);
-        detail::check_workspace("QuantizedAllReduce", workspace, workspace_bytes, p.bytes);
+        detail::check_workspace(fn, workspace, workspace_bytes, p.bytes);
+        detail::check_buffer(fn, "in", in, padded, workspace, workspace_bytes);
+        detail::check_buffer(fn, "out", out, padded, workspace, workspace_bytes);
       });
-      detail::agree_on_call(world_, err, false, "QuantizedAllReduce");
+      detail::agree_on_call(world_, call, err, false, "QuantizedAllReduce");
       const std::uint32_t flags = rs_(in, p.shard, p.inner, p.inner_bytes, stream);
       ag_(p.shard, out, p.inner, p.inner_bytes, stream);
       return flags;
@@ -325,6 +353,8 @@ class QuantizedAllReduce {
   Transport& world_;
   QuantizedReduceScatter<T, F1, F2, Transport> rs_;
   QuantizedAllGather<T, F3, Transport> ag_;
+  CallIdentity id_;
+  std::uint64_t calls_ = 0;
 };
 
 QCOLL_NAMESPACE_END

@@ -622,19 +622,21 @@ QCOLL_DEVICE void or_header_flags(unsigned char* msg, std::uint32_t flags) {
 //! outside the blocks' codes and metas (message meta area, code and meta padding) and the absmax
 //! scratch (if any). One warp.
 template <class F>
-__global__ void message_prologue_kernel(unsigned char* out, std::size_t n, std::uint32_t* amax_bits) {
+__global__ void message_prologue_kernel(unsigned char* out, std::size_t n, std::uint64_t tag,
+                                        std::uint32_t* amax_bits) {
   using L = MessageLayout<F>;
   static_assert(offsetof(MessageHeader, magic) == 0 && offsetof(MessageHeader, format) == 2 &&
                     offsetof(MessageHeader, log2_block) == 3 && offsetof(MessageHeader, flags) == 4 &&
-                    offsetof(MessageHeader, count) == 8,
+                    offsetof(MessageHeader, count) == 8 && offsetof(MessageHeader, tag) == 16 &&
+                    offsetof(MessageHeader, reserved) == 24 && sizeof(MessageHeader) == 32,
                 "MessageHeader layout");
-  const MessageHeader h = make_header<F>(n);
-  const std::uint64_t word0 =
+  const MessageHeader h = make_header<F>(n, tag);
+  const std::uint64_t words[4] = {
       static_cast<std::uint64_t>(h.magic) | (static_cast<std::uint64_t>(h.format) << 16) |
-      (static_cast<std::uint64_t>(h.log2_block) << 24) | (static_cast<std::uint64_t>(h.flags) << 32);
-  const std::uint64_t word1 = h.count;
+          (static_cast<std::uint64_t>(h.log2_block) << 24) | (static_cast<std::uint64_t>(h.flags) << 32),
+      h.count, h.tag, h.reserved};
   const unsigned i = threadIdx.x;
-  if (i < 16) out[i] = static_cast<unsigned char>((i < 8 ? word0 : word1) >> (8 * (i % 8)));
+  if (i < 32) out[i] = static_cast<unsigned char>(words[i / 8] >> (8 * (i % 8)));
   const std::size_t nb = L::blocks(n);
   const std::size_t pads[3][2] = {
       {L::message_meta_offset, L::codes_offset},
@@ -974,7 +976,7 @@ void launch_quantize(const Input& input, void* out_ptr, const host::QuantizeOpti
                      void* workspace) {
   auto* out = static_cast<unsigned char*>(out_ptr);
   auto* amax = has_message_scale<F> ? static_cast<std::uint32_t*>(workspace) : nullptr;
-  message_prologue_kernel<F><<<1, 32, 0, stream>>>(out, input.n, amax);
+  message_prologue_kernel<F><<<1, 32, 0, stream>>>(out, input.n, opt.tag, amax);
   QCOLL_CUDA_CHECK_LAUNCH();
   const std::size_t nb = MessageLayout<F>::blocks(input.n);
   if (nb == 0) return;

@@ -3,8 +3,8 @@
 //! The packed message: qcoll's wire format for n elements of a block format F.
 //!
 //! ```
-//! offset 0                 header (16 bytes, MessageHeader)
-//! offset 16                message meta (F::message_meta_bytes, padded to 16; absent when 0)
+//! offset 0                 header (32 bytes, MessageHeader)
+//! offset 32                message meta (F::message_meta_bytes, padded to 16; absent when 0)
 //! codes_offset(n)          codes of all blocks, block after block (padded to 16)
 //! metas_offset(n)          per-block scale data, F::meta_bytes each (padded to 16)
 //! bytes(n)                 end
@@ -33,15 +33,17 @@ constexpr std::uint32_t kFlagBadMessage = 4u;
 //! Magic number of a message header ("qC" little-endian).
 constexpr std::uint16_t kMessageMagic = 0x4371;
 
-//! The 16-byte header at the start of every message.
+//! The 32-byte header at the start of every message.
 struct MessageHeader {
   std::uint16_t magic;      //!< kMessageMagic
   std::uint8_t format;      //!< FormatId
   std::uint8_t log2_block;  //!< log2 of the block size
   std::uint32_t flags;      //!< kFlag* bits
   std::uint64_t count;      //!< number of elements
+  std::uint64_t tag;        //!< the call's tag (a collective's plan identity and call number; 0 standalone)
+  std::uint64_t reserved;   //!< 0
 };
-static_assert(sizeof(MessageHeader) == 16, "the message header is 16 bytes");
+static_assert(sizeof(MessageHeader) == 32, "the message header is 32 bytes");
 
 //! Rounds n up to a multiple of 16.
 QCOLL_HOST_DEVICE constexpr std::size_t align16(std::size_t n) {
@@ -89,11 +91,12 @@ QCOLL_HOST_DEVICE constexpr std::size_t packed_bytes(std::size_t n) {
   return MessageLayout<F>::bytes(n);
 }
 
-//! The header a message of n elements of F starts with (flags clear).
+//! The header a message of n elements of F starts with (flags clear), carrying `tag`.
 template <class F>
-QCOLL_HOST_DEVICE MessageHeader make_header(std::size_t n) {
+QCOLL_HOST_DEVICE MessageHeader make_header(std::size_t n, std::uint64_t tag = 0) {
   return MessageHeader{kMessageMagic, static_cast<std::uint8_t>(F::id),
-                       static_cast<std::uint8_t>(log2_exact(F::block)), 0u, static_cast<std::uint64_t>(n)};
+                       static_cast<std::uint8_t>(log2_exact(F::block)), 0u, static_cast<std::uint64_t>(n),
+                       tag, 0u};
 }
 
 //! Checks that `h` is a header of F with `n` elements; throws qcoll::Error naming `what` (for
@@ -107,6 +110,14 @@ inline void check_header(const MessageHeader& h, std::size_t n, const char* func
                 format_name(static_cast<FormatId>(h.format)) << "/block " << (std::size_t{1} << h.log2_block),
                 "does not match the expected format", format_name(F::id) << "/block " << F::block);
   QCOLL_REQUIRE(h.count == n, function, what, "count " << h.count, "does not match the expected count", n);
+}
+
+//! Checks that a header of a collective's message carries the call's tag; throws qcoll::Error
+//! naming `what` otherwise (the sender was in another call: a different plan or call number).
+inline void check_tag(const MessageHeader& h, std::uint64_t tag, const char* function, const char* what) {
+  QCOLL_REQUIRE(h.tag == tag, function, what, "tag 0x" << std::hex << h.tag << std::dec,
+                "belongs to another call (plan or call number); expected tag",
+                "0x" << std::hex << tag << std::dec);
 }
 
 QCOLL_NAMESPACE_END

@@ -30,6 +30,7 @@ struct QuantizeOptions {
   Rounding rounding = Rounding::nearest;  //!< nearest-even or stochastic
   std::uint64_t seed = 0;                 //!< stochastic rounding key
   std::uint64_t index_base = 0;           //!< index of element 0 in the random stream (for slices)
+  std::uint64_t tag = 0;                  //!< written to the message header (collectives: the call's tag)
 };
 
 namespace detail {
@@ -274,7 +275,7 @@ inline std::uint32_t quantize_blocks_impl(std::size_t n, Source&& src, void* out
                            base + L::codes_offset + b * L::block_code_bytes,
                            base + L::metas_offset(n) + b * F::meta_bytes);
   }
-  MessageHeader h = make_header<F>(n);
+  MessageHeader h = make_header<F>(n, opt.tag);
   h.flags = bad ? kFlagNonFinite : 0u;
   std::memcpy(base, &h, sizeof h);
   return h.flags;

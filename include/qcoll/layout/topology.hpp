@@ -4,12 +4,14 @@
 //! a table rather than assumed from the numbering.
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
 #include "../core/config.hpp"
 #include "../core/error.hpp"
+#include "../core/hash.hpp"
 
 QCOLL_NAMESPACE_BEGIN
 
@@ -157,6 +159,16 @@ class Topology {
     std::vector<int> out(static_cast<std::size_t>(num_nodes_));
     for (int m = 0; m < num_nodes_; ++m) out[static_cast<std::size_t>(m)] = rank_at(m, local_index());
     return out;
+  }
+
+  //! 64-bit hash of the whole node table (world size and every rank's node and local index), the
+  //! same on every rank of a job that agrees on the placement; not of this rank's own index. O(W).
+  std::uint64_t fingerprint() const noexcept {
+    Fnv1a h;
+    h.mix(static_cast<std::uint64_t>(world_));
+    for (std::size_t r = 0; r < node_of_.size(); ++r)
+      h.mix(static_cast<std::uint64_t>(node_of_[r]) << 32 | static_cast<std::uint32_t>(local_of_[r]));
+    return h.value;
   }
 
   //! Same world, same rank and the same placement of every rank. O(W).
