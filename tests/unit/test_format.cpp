@@ -448,14 +448,32 @@ TEST_CASE("exactly representable values survive nearest and stochastic rounding 
   }
 }
 
-TEST_CASE("message sizes: codes and scales 16-byte aligned, one header") {
-  CHECK(packed_bytes<Int8<256>>(0) == 16);
-  CHECK(packed_bytes<Int8<256>>(1) == 16 + 256 + 16);
-  CHECK(packed_bytes<Int4<256>>(512) == 16 + 256 + 16);
-  CHECK(packed_bytes<MxFp6E2M3>(64) == 16 + 48 + 16);
-  CHECK(packed_bytes<NvFp4>(16) == 16 + 16 + 16 + 16);
-  CHECK(packed_bytes<Identity<bfloat16>>(3) == 16 + 64);
-  CHECK(MessageLayout<Int8Asym<32>>::metas_offset(64) == 16 + 64);
+TEST_CASE("message sizes: codes and scales 16-byte aligned, one 32-byte header") {
+  CHECK(packed_bytes<Int8<256>>(0) == 32);
+  CHECK(packed_bytes<Int8<256>>(1) == 32 + 256 + 16);
+  CHECK(packed_bytes<Int4<256>>(512) == 32 + 256 + 16);
+  CHECK(packed_bytes<MxFp6E2M3>(64) == 32 + 48 + 16);
+  CHECK(packed_bytes<NvFp4>(16) == 32 + 16 + 16 + 16);
+  CHECK(packed_bytes<Identity<bfloat16>>(3) == 32 + 64);
+  CHECK(MessageLayout<Int8Asym<32>>::metas_offset(64) == 32 + 64);
+}
+
+TEST_CASE("the header carries the tag of QuantizeOptions; check_tag names a foreign one") {
+  std::vector<float> x(100, 1.5f);
+  std::vector<unsigned char> msg(packed_bytes<Int8<32>>(100));
+  host::QuantizeOptions o;
+  o.tag = 0x1234abcdull;
+  host::quantize<Int8<32>>(x.data(), x.size(), msg.data(), msg.size(), o);
+  MessageHeader h;
+  std::memcpy(&h, msg.data(), sizeof h);
+  CHECK(h.tag == 0x1234abcdull);
+  CHECK(h.reserved == 0u);
+  CHECK_NOTHROW(check_tag(h, 0x1234abcdull, "f", "msg"));
+  CHECK_THROWS_WITH_AS(check_tag(h, 0x99, "f", "msg"), doctest::Contains("belongs to another call"), Error);
+  // The tag is not data: the same values with another tag decode to the same bits.
+  std::vector<unsigned char> plain(msg.size());
+  host::quantize<Int8<32>>(x.data(), x.size(), plain.data(), plain.size());
+  CHECK(std::memcmp(plain.data() + 32, msg.data() + 32, msg.size() - 32) == 0);
 }
 
 TEST_CASE("bad arguments raise qcoll::Error naming the argument; nothing is written") {
