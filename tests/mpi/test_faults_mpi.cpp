@@ -77,7 +77,8 @@ TEST_CASE("disagreements over MPI raise qcoll::Error on every rank, with either 
     AG pa(t, a), pb(t, b);
     RS rs(t, topo, a, Reduce::mean, Hops::two);
     Workspace ws(std::max(pa.workspace_bytes(), rs.workspace_bytes()));
-    std::vector<float> grad(a.padded_numel(), 1.0f), full(a.padded_numel(), 5.0f), shard(a.shard_numel(), 1.0f);
+    std::vector<float> grad(a.padded_numel(), 1.0f), full(a.padded_numel(), 5.0f),
+        shard(a.shard_numel(), 1.0f);
 
     // Rank 1 calls the two-hop reduce-scatter while its peers call an all-gather.
     std::string e = error_of([&] {
@@ -95,8 +96,7 @@ TEST_CASE("disagreements over MPI raise qcoll::Error on every rank, with either 
 
     // Rank 3 builds its plans with another (valid) node table, or another numel.
     e = error_of([&] {
-      const Topology other =
-          me == 3 ? Topology::node_major(W, W / 2, me) : Topology::from_node_ids(ids, me);
+      const Topology other = me == 3 ? Topology::node_major(W, W / 2, me) : Topology::from_node_ids(ids, me);
       SecondaryShard<float, Identity<float, 32>, MpiTransport> hpz(t, other, a);
     });
     CHECK_MESSAGE(has(e, "node table: #"), e);

@@ -533,7 +533,8 @@ TEST_CASE("ranks that disagree on what they call are told so on every rank, befo
         else
           ag(shard.data(), full.data(), ws.ptr, ws.bytes);
       });
-      for (int r = 0; r < sh.world; ++r) CHECK(has(msg[r], "kind: all-gather (ranks 0,1,3) vs reduce-scatter (rank 2)"));
+      for (int r = 0; r < sh.world; ++r)
+        CHECK(has(msg[r], "kind: all-gather (ranks 0,1,3) vs reduce-scatter (rank 2)"));
     }
   }
   SUBCASE("the same plan called once more on one rank: the call numbers differ") {

@@ -109,8 +109,10 @@ double run_case(const Case& c) {
   });
   double worst = 0;
   auto check = [&](double got, double want, double bound) {
-    if (std::isnan(got)) worst = 1e300;
-    else worst = std::max(worst, std::fabs(got - want) / bound);
+    if (std::isnan(got))
+      worst = 1e300;
+    else
+      worst = std::max(worst, std::fabs(got - want) / bound);
   };
   if (c.kind == 0) {
     // The gathered tensor is in[0]: rank q contributed its shard; every rank holds all of it.
@@ -182,10 +184,14 @@ TEST_CASE("soak: random collectives stay within their formats' bounds, memory an
     for (int r = 0; r < c.world; ++r) perm[static_cast<std::size_t>(r)] = r;
     std::shuffle(perm.begin(), perm.end(), rng);
     c.ids.assign(static_cast<std::size_t>(c.world), 0);
-    for (int i = 0; i < c.world; ++i) c.ids[static_cast<std::size_t>(perm[static_cast<std::size_t>(i)])] = 50 + i / c.per_node;
+    for (int i = 0; i < c.world; ++i)
+      c.ids[static_cast<std::size_t>(perm[static_cast<std::size_t>(i)])] = 50 + i / c.per_node;
     // Sizes log-uniform over [1, max], and 0 now and then.
     const double lg = std::log(static_cast<double>(env.max_numel) + 1.0);
-    c.numel = rng() % 16 == 0 ? 0 : static_cast<std::size_t>(std::exp(lg * std::uniform_real_distribution<double>(0, 1)(rng)));
+    c.numel =
+        rng() % 16 == 0
+            ? 0
+            : static_cast<std::size_t>(std::exp(lg * std::uniform_real_distribution<double>(0, 1)(rng)));
     c.numel = std::min(c.numel, env.max_numel);
     c.op = rng() % 2 ? Reduce::sum : Reduce::mean;
     c.rounding = rng() % 4 == 0 ? Rounding::stochastic : Rounding::nearest;
@@ -199,19 +205,21 @@ TEST_CASE("soak: random collectives stay within their formats' bounds, memory an
     quarter_rss[q] = std::max(quarter_rss[q], rss_mib());
     if (!(worst <= 1.0)) {
       ++failures;
-      MESSAGE("call " << k << ": kind " << c.kind << " format " << std::string(kFormatNames[format]) << " W " << c.world
-                      << " L " << c.per_node << " numel " << c.numel << " rounding " << static_cast<int>(c.rounding)
-                      << ": error " << worst << " x its bound");
+      MESSAGE("call " << k << ": kind " << c.kind << " format " << std::string(kFormatNames[format]) << " W "
+                      << c.world << " L " << c.per_node << " numel " << c.numel << " rounding "
+                      << static_cast<int>(c.rounding) << ": error " << worst << " x its bound");
     }
   }
   const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   for (int q = 0; q < 4; ++q)
     std::printf("soak quarter %d: %.1f ns per element and rank, peak resident %.1f MiB\n", q + 1,
-                quarter_elements[q] > 0 ? 1e9 * quarter_seconds[q] / quarter_elements[q] : 0.0, quarter_rss[q]);
-  std::printf("soak: %ld calls (numel up to %zu) in %.1f s, %ld outside their bound\n", env.calls, env.max_numel,
-              total, failures);
+                quarter_elements[q] > 0 ? 1e9 * quarter_seconds[q] / quarter_elements[q] : 0.0,
+                quarter_rss[q]);
+  std::printf("soak: %ld calls (numel up to %zu) in %.1f s, %ld outside their bound\n", env.calls,
+              env.max_numel, total, failures);
   CHECK(failures == 0);
   // Flat memory: after the first quarter has seen the size range, the peak does not keep growing
   // by more than one largest working set (inputs and outputs of 8 ranks, ~100 bytes an element).
-  if (env.calls >= 400) CHECK(quarter_rss[3] <= quarter_rss[0] + 100.0 * env.max_numel / (1024.0 * 1024.0) + 16.0);
+  if (env.calls >= 400)
+    CHECK(quarter_rss[3] <= quarter_rss[0] + 100.0 * env.max_numel / (1024.0 * 1024.0) + 16.0);
 }

@@ -30,19 +30,17 @@ class QuantizedAllGather {
   //! parts than `world` has ranks, or if shards are not whole blocks of F. `opt` selects nearest
   //! or stochastic rounding (keyed by global element index).
   QuantizedAllGather(Transport& world, const ShardLayout& layout, const host::QuantizeOptions& opt = {})
-      : world_(world), layout_(layout), opt_(opt), id_(identity(layout, opt)) {
+      : world_(world), layout_(layout), opt_(opt), calls_{identity(layout, opt)} {
     const std::string err = detail::local_check([&] {
       QCOLL_REQUIRE(layout.parts() == world.size(), "QuantizedAllGather", "layout.parts()", layout.parts(),
                     "differs from the world size", world.size());
       detail::check_blocks("QuantizedAllGather", layout, F::block, format_name(F::id));
     });
-    detail::agree_on_call(world, id_, err, false, "QuantizedAllGather");
+    detail::agree_on_call(world, calls_.id, err, false, "QuantizedAllGather");
   }
 
   //! The plan's identity (call number 0), which every call's agreement compares across ranks.
-  const CallIdentity& identity() const { return id_; }
-  //! Calls made so far (each call, accepted or rejected, takes the next number on every rank).
-  std::uint64_t calls() const { return calls_; }
+  const CallIdentity& identity() const { return calls_.id; }
 
   //! Bytes of one rank's message on the wire.
   std::size_t message_bytes() const { return packed_bytes<F>(layout_.shard_numel()); }
@@ -84,7 +82,7 @@ class QuantizedAllGather {
     const std::size_t S = layout_.shard_numel();
     const int r = world_.rank();
     const detail::GatherPieces p = carve(workspace);
-    const CallIdentity call = next_call();
+    const CallIdentity call = calls_.next();
     bool nonfinite = false;
     const std::string err = detail::local_check([&] {
       detail::check_workspace(fn, workspace, workspace_bytes, p.bytes);
@@ -104,12 +102,6 @@ class QuantizedAllGather {
     return result;
   }
 
-  // The identity of the next call (numbers it).
-  CallIdentity next_call() {
-    CallIdentity c = id_;
-    c.word[CallIdentity::call] = ++calls_;
-    return c;
-  }
   static CallIdentity identity(const ShardLayout& layout, const host::QuantizeOptions& opt) {
     CallIdentity id = detail::plan_identity<T>(1, layout, opt);
     detail::set_format<F>(id, 1);
@@ -122,8 +114,7 @@ class QuantizedAllGather {
   Transport& world_;
   ShardLayout layout_;
   host::QuantizeOptions opt_;
-  CallIdentity id_;
-  std::uint64_t calls_ = 0;
+  detail::PlanCalls calls_;
 };
 
 QCOLL_NAMESPACE_END

@@ -4,8 +4,8 @@
 //! at construction, and the per-call agreement that keeps a rank's bad arguments from leaving its
 //! peers hanging.
 
-#include <cstddef>
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <sstream>
 #include <string>
@@ -68,8 +68,9 @@ struct CallIdentity {
   //! Name of a field, as errors print it.
   static const char* field_name(int f) noexcept {
     static const char* const names[kFieldCount] = {
-        "kind", "element type", "format", "block", "second format", "second block", "numel", "padded numel",
-        "parts", "reduce op", "hops", "node table", "rounding", "seed", "call number"};
+        "kind",         "element type", "format",       "block", "second format",
+        "second block", "numel",        "padded numel", "parts", "reduce op",
+        "hops",         "node table",   "rounding",     "seed",  "call number"};
     return f >= 0 && f < kFieldCount ? names[f] : "?";
   }
   //! 64-bit hash of all fields (FNV-1a); never 0, so a tag of 0 marks a standalone message.
@@ -117,6 +118,19 @@ CallIdentity plan_identity(int kind, const ShardLayout& layout, const host::Quan
   id.word[CallIdentity::seed] = opt.rounding == Rounding::stochastic ? opt.seed : 0;
   return id;
 }
+
+//! A plan's identity and the count of its calls: next() is the identity of the next call.
+struct PlanCalls {
+  CallIdentity id;         //!< the plan's identity (call number 0)
+  std::uint64_t made = 0;  //!< calls numbered so far
+
+  //! Numbers the next call and returns its identity.
+  CallIdentity next() {
+    CallIdentity c = id;
+    c.word[CallIdentity::call] = ++made;
+    return c;
+  }
+};
 
 //! Sets a format's fields (slot 1 or 2) of an identity.
 template <class F>

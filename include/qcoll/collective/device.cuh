@@ -75,7 +75,8 @@ namespace detail {
 //! Writes a valid header for each of k messages of n elements of F (message i at msgs + i *
 //! stride, 16-byte aligned), flagged kFlagRejected: what a rank that rejected its arguments sends.
 template <class F>
-__global__ void reject_kernel(unsigned char* msgs, std::size_t stride, int k, std::size_t n, std::uint64_t tag) {
+__global__ void reject_kernel(unsigned char* msgs, std::size_t stride, int k, std::size_t n,
+                              std::uint64_t tag) {
   MessageHeader h = make_header<F>(n, tag);
   h.flags = kFlagRejected;
   for (int i = static_cast<int>(threadIdx.x); i < k; i += static_cast<int>(blockDim.x))
@@ -282,7 +283,7 @@ std::string QuantizedAllGather<T, F, Transport>::device_call(const T* shard, T* 
   });
   host::QuantizeOptions o = opt_;
   o.index_base = layout_.shard_offset(r);
-  o.tag = next_call().hash();
+  o.tag = calls_.next().hash();
   gd::gather_exchange<F>(world_, p, err.empty(),
                          gd::TensorInput<T>{shard, gpu::SourceMap::identity(layout_.valid_in_shard(r)), S}, o,
                          full, layout_.numel(), st, report, stream);
@@ -312,7 +313,7 @@ std::string QuantizedReduceScatter<T, F1, F2, Transport>::device_call(
   });
   const std::size_t n1 = hop1_count(), P1 = hop1_message_bytes();
   const int k1 = hop1_messages();
-  const std::uint64_t tag = next_call().hash();
+  const std::uint64_t tag = calls_.next().hash();
   host::QuantizeOptions o = opt_;
   o.seed = detail::rank_seed(opt_.seed, r, 1);
   o.tag = tag;
@@ -387,7 +388,7 @@ void QuantizedAllReduce<T, F1, F2, F3, Transport>::device_call(const T* in, T* o
   // reduce-scatter's, as on the host).
   // This plan's own names come first in an error (the stages would name `grad` and `full`).
   const std::size_t padded = rs_.layout().padded_numel();
-  ++calls_;
+  calls_.next();  // numbered as on the host (the stages carry their own tags)
   const std::string err0 = detail::local_check([&] {
     gd::check_buffer("QuantizedAllReduce", "in", in, padded, workspace, workspace_bytes);
     gd::check_buffer("QuantizedAllReduce", "out", out, padded, workspace, workspace_bytes);
@@ -422,7 +423,7 @@ std::string SecondaryShard<T, F, Transport>::device_gather(T* full, std::uint64_
   const std::size_t offset = secondary_.shard_offset(local_);
   host::QuantizeOptions o;
   o.index_base = offset;
-  o.tag = next_call().hash();
+  o.tag = calls_.next().hash();
   gd::gather_exchange<F>(
       intra_, p, err.empty(),
       gd::TensorInput<T>{storage_.data(),

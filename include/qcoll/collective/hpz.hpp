@@ -47,14 +47,14 @@ class SecondaryShard {
   SecondaryShard(Transport& world, const Topology& topo, const ShardLayout& layout)
       : world_(world),
         layout_(layout),
-        id_(identity(layout, topo)),
-        secondary_(checked(world, topo, layout, id_)),
+        calls_{identity(layout, topo)},
+        secondary_(checked(world, topo, layout, calls_.id)),
         intra_(world.split(topo.node(), topo.local_index())),
         local_(topo.local_index()),
         storage_(secondary_.shard_numel()) {}
 
   //! The plan's identity (call number 0), which every gather's agreement compares across ranks.
-  const CallIdentity& identity() const { return id_; }
+  const CallIdentity& identity() const { return calls_.id; }
 
   //! Keeps this rank's secondary shard of `full` (padded_numel() elements, identical on all ranks,
   //! e.g. the output of the forward QuantizedAllGather) as weights generation `generation`. Local,
@@ -120,7 +120,7 @@ class SecondaryShard {
     const char* fn = "SecondaryShard::gather";
     const std::size_t S = secondary_.shard_numel();
     const detail::GatherPieces p = carve(workspace);
-    const CallIdentity call = next_call();
+    const CallIdentity call = calls_.next();
     bool nonfinite = false;
     const std::string err = detail::local_check([&] {
       QCOLL_REQUIRE(captured_, fn, "capture()", "never called", "before", "gather()");
@@ -153,12 +153,6 @@ class SecondaryShard {
     return result;
   }
 
-  // The identity of the next gather (numbers it).
-  CallIdentity next_call() {
-    CallIdentity c = id_;
-    c.word[CallIdentity::call] = ++calls_;
-    return c;
-  }
   static CallIdentity identity(const ShardLayout& layout, const Topology& topo) {
     CallIdentity id = detail::plan_identity<T>(2, layout, host::QuantizeOptions{});
     detail::set_format<F>(id, 1);
@@ -186,13 +180,12 @@ class SecondaryShard {
 
   Transport& world_;
   ShardLayout layout_;
-  CallIdentity id_;
+  detail::PlanCalls calls_;
   SecondaryLayout secondary_;
   SubTransport intra_;
   int local_;
   Storage storage_;
   std::uint64_t generation_ = 0;
-  std::uint64_t calls_ = 0;
   bool captured_ = false;
 };
 

@@ -49,8 +49,8 @@ class QuantizedReduceScatter {
   QuantizedReduceScatter(Transport& world, const Topology& topo, const ShardLayout& layout, Reduce op,
                          Hops hops = Hops::two, const host::QuantizeOptions& opt = {})
       : world_(world),
-        id_(identity(layout, topo, op, hops, opt)),
-        topo_(checked(world, topo, layout, hops, id_)),
+        calls_{identity(layout, topo, op, hops, opt)},
+        topo_(checked(world, topo, layout, hops, calls_.id)),
         layout_(layout),
         op_(op),
         hops_(hops),
@@ -61,7 +61,7 @@ class QuantizedReduceScatter {
   }
 
   //! The plan's identity (call number 0), which every call's agreement compares across ranks.
-  const CallIdentity& identity() const { return id_; }
+  const CallIdentity& identity() const { return calls_.id; }
 
   //! Bytes of one hop-1 message (one per destination).
   std::size_t hop1_message_bytes() const { return packed_bytes<F1>(hop1_count()); }
@@ -76,9 +76,10 @@ class QuantizedReduceScatter {
   //! Reduces `grad` (padded_numel() elements; elements >= numel are ignored) over all ranks into
   //! `shard` (shard_numel() elements: this rank's slice; padding written as 0). `grad` and `shard`
   //! must not overlap each other or the workspace, and are aligned to alignof(T). Host transports
-  //! agree on the call (identity and call number) and the arguments over the world first. Host transports: returns kResultNonFinite if any rank's gradient held NaN or
-  //! Inf (same on every rank); such values turn their blocks into NaN wherever they land. Device
-  //! transports: returns nothing, the flags go to the workspace (collective/device.cuh).
+  //! agree on the call (identity and call number) and the arguments over the world first. Host transports:
+  //! returns kResultNonFinite if any rank's gradient held NaN or Inf (same on every rank); such values turn
+  //! their blocks into NaN wherever they land. Device transports: returns nothing, the flags go to the
+  //! workspace (collective/device.cuh).
   auto operator()(const T* grad, T* shard, void* workspace, std::size_t workspace_bytes,
                   typename Transport::stream_type stream = {}) {
     if constexpr (detail::on_device<Transport>) {
@@ -106,7 +107,7 @@ class QuantizedReduceScatter {
     const char* fn = "QuantizedReduceScatter";
     const Pieces p = carve(workspace);
     const std::size_t S = layout_.shard_numel();
-    const CallIdentity call = next_call();
+    const CallIdentity call = calls_.next();
     const std::uint64_t tag = call.hash();
     bool nonfinite = false;
     const std::string err = detail::local_check([&] {
@@ -198,12 +199,6 @@ class QuantizedReduceScatter {
                   fn, "shard", static_cast<const void*>(shard), "overlaps", "grad");
   }
 
-  // The identity of the next call (numbers it).
-  CallIdentity next_call() {
-    CallIdentity c = id_;
-    c.word[CallIdentity::call] = ++calls_;
-    return c;
-  }
   static CallIdentity identity(const ShardLayout& layout, const Topology& topo, Reduce op, Hops hops,
                                const host::QuantizeOptions& opt) {
     CallIdentity id = detail::plan_identity<T>(3, layout, opt);
@@ -266,8 +261,7 @@ class QuantizedReduceScatter {
   }
 
   Transport& world_;
-  CallIdentity id_;
-  std::uint64_t calls_ = 0;
+  detail::PlanCalls calls_;
   Topology topo_;
   ShardLayout layout_;
   Reduce op_;
@@ -287,10 +281,12 @@ class QuantizedAllReduce {
   //! Collective; see QuantizedReduceScatter and QuantizedAllGather for the checks.
   QuantizedAllReduce(Transport& world, const Topology& topo, const ShardLayout& layout, Reduce op,
                      Hops hops = Hops::two, const host::QuantizeOptions& opt = {})
-      : world_(world), rs_(world, topo, layout, op, hops, opt), ag_(world, layout, opt), id_(rs_.identity()) {
-    id_.word[CallIdentity::kind] = 4;
-    id_.word[CallIdentity::format2] = static_cast<std::uint64_t>(F3::id);  // the stage formats F1, F3;
-    id_.word[CallIdentity::block2] = F3::block;                            // F2 is the stage's own
+      : world_(world),
+        rs_(world, topo, layout, op, hops, opt),
+        ag_(world, layout, opt),
+        calls_{rs_.identity()} {
+    calls_.id.word[CallIdentity::kind] = 4;
+    detail::set_format<F3>(calls_.id, 2);  // the stage formats F1 and F3 (F2 is in the stage's own)
   }
 
   //! Workspace the call needs, in bytes.
@@ -306,8 +302,7 @@ class QuantizedAllReduce {
       device_call(in, out, workspace, workspace_bytes, stream);
     } else {
       const Pieces p = carve(workspace);
-      CallIdentity call = id_;
-      call.word[CallIdentity::call] = ++calls_;
+      const CallIdentity call = calls_.next();
       const std::string err = detail::local_check([&] {
         const char* fn = "QuantizedAllReduce";
         const std::size_t padded = rs_.layout().padded_numel();
@@ -353,8 +348,7 @@ class QuantizedAllReduce {
   Transport& world_;
   QuantizedReduceScatter<T, F1, F2, Transport> rs_;
   QuantizedAllGather<T, F3, Transport> ag_;
-  CallIdentity id_;
-  std::uint64_t calls_ = 0;
+  detail::PlanCalls calls_;
 };
 
 QCOLL_NAMESPACE_END

@@ -94,9 +94,13 @@ QCOLL_HOST_DEVICE constexpr std::size_t packed_bytes(std::size_t n) {
 //! The header a message of n elements of F starts with (flags clear), carrying `tag`.
 template <class F>
 QCOLL_HOST_DEVICE MessageHeader make_header(std::size_t n, std::uint64_t tag = 0) {
-  return MessageHeader{kMessageMagic, static_cast<std::uint8_t>(F::id),
-                       static_cast<std::uint8_t>(log2_exact(F::block)), 0u, static_cast<std::uint64_t>(n),
-                       tag, 0u};
+  return MessageHeader{kMessageMagic,
+                       static_cast<std::uint8_t>(F::id),
+                       static_cast<std::uint8_t>(log2_exact(F::block)),
+                       0u,
+                       static_cast<std::uint64_t>(n),
+                       tag,
+                       0u};
 }
 
 //! Checks that `h` is a header of F with `n` elements; throws qcoll::Error naming `what` (for
