@@ -175,7 +175,7 @@ TEST_CASE("bad arguments over MPI: every rank throws before anything is sent") {
   } catch (const Error& e) {
     plan = e.what();
   }
-  if (W > 1) CHECK(plan.find("ranks disagree on the plan") != std::string::npos);
+  if (W > 1) CHECK(plan.find("ranks disagree on the call") != std::string::npos);
   // The plan still works afterwards.
   CHECK(ag(shard.data(), full.data(), ws.ptr, ws.bytes) == 0u);
 }
