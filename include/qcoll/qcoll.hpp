@@ -19,6 +19,7 @@
 #include "core/workspace.hpp"
 #include "format/dispatch.hpp"
 #include "format/format.hpp"
+#include "format/hadamard.hpp"
 #include "format/message.hpp"
 #include "format/minifloat.hpp"
 #include "host/quantize.hpp"
