@@ -46,7 +46,7 @@ constexpr std::uint32_t kResultBadMessage = kFlagBadMessage;
 struct CallIdentity {
   //! The fields, in the order they are compared and named in errors.
   enum Field : int {
-    kind,          //!< 1 all-gather, 2 hpZ gather, 3 reduce-scatter, 4 all-reduce
+    kind,  //!< 1 all-gather, 2 hpZ gather, 3 reduce-scatter, 4 all-reduce, 6 delta all-gather, 7 resync
     element_type,  //!< DType of the plan's elements
     format1,       //!< FormatId of the (first hop's) format
     block1,        //!< its block size
@@ -84,8 +84,9 @@ struct CallIdentity {
     const std::uint64_t v = word[f];
     switch (f) {
       case kind: {
-        static const char* const kinds[] = {"?", "all-gather", "hpZ gather", "reduce-scatter", "all-reduce"};
-        return v < 5 ? kinds[v] : std::to_string(v);
+        static const char* const kinds[] = {"?",          "all-gather", "hpZ gather",       "reduce-scatter",
+                                            "all-reduce", "?",          "delta all-gather", "delta resync"};
+        return v < 8 ? kinds[v] : std::to_string(v);
       }
       case element_type: return dtype_name(static_cast<DType>(v));
       case format1:

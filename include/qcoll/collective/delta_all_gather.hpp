@@ -1,0 +1,157 @@
+#pragma once
+//! \file
+//! qWD: the weight-difference all-gather (SDP4Bit) for ZeRO-1/2 style training, where every rank
+//! holds a replica of the full weights and updates only its own shard.
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "common.hpp"
+
+QCOLL_NAMESPACE_BEGIN
+
+//! Weight-difference all-gather. Every rank keeps a replica R of the full padded buffer
+//! (padded_numel() elements of T, the same bits on every rank). After its optimizer step the owner
+//! of shard s holds new weights w_s; a call sends d_s = Q(w_s - R_s) in format F (the difference
+//! computed in fp32), and every rank, the owner included, sets R_q <- T(R_q + decode(d_q)) for every
+//! shard q, in the same fp32 arithmetic, so the replicas stay bit-identical everywhere. The next
+//! difference is taken against R, not against the previous weights, so quantization errors are
+//! carried, not accumulated: after a call |w - R| is at most one difference's quantization error
+//! plus the rounding of R to T. Differences are small when updates are, which is why 4-bit
+//! differences work where 4-bit weights do not.
+//!
+//! resync<G>() sends the weights themselves in a format G of the caller's choice and sets
+//! R_q <- decode(w_q): the first call of a run, or a periodic re-anchoring (with
+//! G = Identity<T, ...> the replicas become equal to the weights, bit for bit).
+//!
+//! Construction is collective over `world`; calls on host transports block, allocate nothing,
+//! and agree on the call (its CallIdentity, kind "delta all-gather" or "resync", and the call
+//! number) and on every rank's arguments before anything is sent. Padding (elements >= numel) is
+//! neither sent as data nor changed in the replica. Wire bytes per rank: packed_bytes<F>(shard_numel)
+//! to each of the W - 1 peers. Host transports only, for now.
+template <class T, class F, class Transport>
+class DeltaAllGather {
+ public:
+  //! Collective. Throws qcoll::Error on every rank if the ranks disagree on the plan, the layout
+  //! has a different number of parts than `world` has ranks, or shards are not whole blocks of F.
+  DeltaAllGather(Transport& world, const ShardLayout& layout, const host::QuantizeOptions& opt = {})
+      : world_(world), layout_(layout), opt_(opt), calls_{identity(layout, opt)} {
+    static_assert(!detail::on_device<Transport>, "DeltaAllGather runs on host transports");
+    const std::string err = detail::local_check([&] {
+      QCOLL_REQUIRE(layout.parts() == world.size(), "DeltaAllGather", "layout.parts()", layout.parts(),
+                    "differs from the world size", world.size());
+      detail::check_blocks("DeltaAllGather", layout, F::block, format_name(F::id));
+    });
+    detail::agree_on_call(world, calls_.id, err, false, "DeltaAllGather");
+  }
+
+  //! The plan's identity (call number 0).
+  const CallIdentity& identity() const { return calls_.id; }
+  //! The layout.
+  const ShardLayout& layout() const { return layout_; }
+
+  //! Workspace of a difference call, in bytes (64-byte aligned host memory).
+  std::size_t workspace_bytes() const { return carve<F>(nullptr).bytes; }
+  //! Workspace of resync<G>(), in bytes.
+  template <class G>
+  std::size_t resync_workspace_bytes() const {
+    return carve<G>(nullptr).bytes;
+  }
+
+  //! Sends this rank's difference and applies every rank's to `replica`. `shard`: this rank's new
+  //! weights (shard_numel() elements); `replica`: padded_numel() elements, the same bits on every
+  //! rank (this plan keeps them so). They must not overlap each other or the workspace, and are
+  //! aligned to alignof(T). Returns kResultNonFinite if any
+  //! rank's difference held NaN or Inf (the same on every rank; those blocks become NaN in every
+  //! replica). O(padded_numel) work.
+  std::uint32_t operator()(const T* shard, T* replica, void* workspace, std::size_t workspace_bytes) {
+    return call<F>(6, shard, replica, workspace, workspace_bytes);
+  }
+
+  //! Sends this rank's weights in format G and sets every replica's shard q to the decoded
+  //! weights of rank q. Same arguments and checks as operator(), with resync_workspace_bytes<G>().
+  template <class G>
+  std::uint32_t resync(const T* shard, T* replica, void* workspace, std::size_t workspace_bytes) {
+    return call<G>(7, shard, replica, workspace, workspace_bytes);
+  }
+
+ private:
+  struct Pieces {
+    float* diff;
+    detail::GatherPieces gather;
+    std::size_t bytes;
+  };
+  template <class G>
+  Pieces carve(void* base) const {
+    WorkspaceCarver c(base);
+    Pieces p{};
+    p.diff = c.take<float>(layout_.shard_numel());
+    const std::size_t head = c.bytes();
+    p.gather = detail::carve_gather(base == nullptr ? nullptr : static_cast<unsigned char*>(base) + head,
+                                    packed_bytes<G>(layout_.shard_numel()), world_.size(), false);
+    p.bytes = head + p.gather.bytes;
+    return p;
+  }
+
+  // kind 6: a difference in format G (= F); kind 7: a resync in format G.
+  template <class G>
+  std::uint32_t call(int kind, const T* shard, T* replica, void* workspace, std::size_t workspace_bytes) {
+    const char* fn = kind == 6 ? "DeltaAllGather" : "DeltaAllGather::resync";
+    const std::size_t S = layout_.shard_numel(), P = packed_bytes<G>(S);
+    const int r = world_.rank();
+    CallIdentity call = calls_.next();
+    call.word[CallIdentity::kind] = static_cast<std::uint64_t>(kind);
+    detail::set_format<G>(call, 2);
+    const Pieces p = carve<G>(workspace);
+    bool nonfinite = false;
+    const std::string err = detail::local_check([&] {
+      detail::check_workspace(fn, workspace, workspace_bytes, p.bytes);
+      detail::check_buffer(fn, "shard", shard, S, workspace, workspace_bytes);
+      detail::check_buffer(fn, "replica", replica, layout_.padded_numel(), workspace, workspace_bytes);
+      QCOLL_REQUIRE(shard == nullptr || replica == nullptr || S == 0 || shard + S <= replica ||
+                        replica + layout_.padded_numel() <= shard,
+                    fn, "shard", static_cast<const void*>(shard), "overlaps", "replica");
+      const std::size_t valid = layout_.valid_in_shard(r), offset = layout_.shard_offset(r);
+      for (std::size_t i = 0; i < valid; ++i)
+        p.diff[i] =
+            kind == 6 ? fp::sub(to_float(shard[i]), to_float(replica[offset + i])) : to_float(shard[i]);
+      host::QuantizeOptions o = opt_;
+      o.seed = detail::rank_seed(opt_.seed, r, 1);
+      o.index_base = offset;
+      o.tag = call.hash();
+      const auto flags = host::detail::quantize_blocks<G, float>(
+          S, detail::SliceSource<float, G::block>{p.diff, 0, valid}, p.gather.send, o);
+      nonfinite = (flags & kFlagNonFinite) != 0;
+    });
+    const std::uint32_t result = detail::agree_on_call(world_, call, err, nonfinite, fn);
+    world_.all_gather(p.gather.send, p.gather.recv, P);
+    for (int q = 0; q < world_.size(); ++q) {
+      const unsigned char* msg = p.gather.recv + static_cast<std::size_t>(q) * P;
+      detail::read_call_header<G>(msg, S, call.hash(), fn, "message from a peer");
+      T* out = replica + layout_.shard_offset(q);
+      if (kind == 6) {
+        host::detail::decode_message<G>(
+            msg, S, [out](std::size_t i, float d) { out[i] = from_float<T>(fp::add(to_float(out[i]), d)); },
+            layout_.valid_in_shard(q));
+      } else {
+        host::detail::decode_message<G>(
+            msg, S, [out](std::size_t i, float v) { out[i] = from_float<T>(v); }, layout_.valid_in_shard(q));
+      }
+    }
+    return result;
+  }
+
+  static CallIdentity identity(const ShardLayout& layout, const host::QuantizeOptions& opt) {
+    CallIdentity id = detail::plan_identity<T>(6, layout, opt);
+    detail::set_format<F>(id, 1);
+    return id;
+  }
+
+  Transport& world_;
+  ShardLayout layout_;
+  host::QuantizeOptions opt_;
+  detail::PlanCalls calls_;
+};
+
+QCOLL_NAMESPACE_END
