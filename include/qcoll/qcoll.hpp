@@ -8,6 +8,7 @@
 #include "collective/all_gather.hpp"
 #include "collective/common.hpp"
 #include "collective/delta_all_gather.hpp"
+#include "collective/feedback.hpp"
 #include "collective/hpz.hpp"
 #include "collective/reduce_scatter.hpp"
 #include "core/config.hpp"

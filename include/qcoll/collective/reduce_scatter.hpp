@@ -5,14 +5,22 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "all_gather.hpp"
 #include "common.hpp"
+#include "feedback.hpp"
 
 QCOLL_NAMESPACE_BEGIN
+
+//! A caller's error-feedback state for one call: the buffer given to init_residual() and its size.
+struct ResidualState {
+  void* data = nullptr;   //!< the state (64-byte aligned host memory), initialised by init_residual()
+  std::size_t bytes = 0;  //!< its size, at least residual_bytes()
+};
 
 //! Route of a quantized reduce-scatter.
 enum class Hops : std::uint8_t {
@@ -86,8 +94,49 @@ class QuantizedReduceScatter {
       const std::string err = device_call(grad, shard, workspace, workspace_bytes, stream, nullptr, ~0u);
       if (!err.empty()) throw Error(err);
     } else {
-      return host_call(grad, shard, workspace, workspace_bytes);
+      return host_call(grad, shard, workspace, workspace_bytes, nullptr);
     }
+  }
+
+  //! Bytes of an error-feedback state with options `fb` (collective/feedback.hpp): a 64-byte
+  //! header, the hop-1 residual (padded_numel() elements, indexed like the gradient) when
+  //! fb.hop1, and the hop-2 residual (this rank's hop-1 sum: num_nodes() * shard_numel()
+  //! elements, node slice by node slice) when fb.hop2 and the plan has two hops. O(1).
+  std::size_t residual_bytes(const FeedbackOptions& fb = {}) const { return residual_layout(fb).bytes(); }
+
+  //! Writes a fresh (all-zero) error-feedback state of this plan with options `fb` into
+  //! residual[0, bytes): before the first call with feedback, and to reset it. Local (no
+  //! communication). Throws qcoll::Error if residual is null or not 64-byte aligned, bytes is
+  //! below residual_bytes(fb), or fb.decay is outside (0, 1]. O(residual_bytes).
+  void init_residual(void* residual, std::size_t bytes, const FeedbackOptions& fb = {}) const {
+    const char* fn = "QuantizedReduceScatter::init_residual";
+    const detail::ResidualLayout l = residual_layout(fb);
+    check_workspace(fn, residual, bytes, l.bytes(), "residual");
+    QCOLL_REQUIRE(fb.decay > 0.0f && fb.decay <= 1.0f, fn, "fb.decay", fb.decay, "is outside", "(0, 1]");
+    std::memset(residual, 0, l.bytes());
+    detail::ResidualHeader h{};
+    h.magic = detail::kResidualMagic;
+    h.hop1 = l.n1 > 0;
+    h.hop2 = l.n2 > 0;
+    h.storage = static_cast<std::uint8_t>(fb.storage);
+    h.decay = fb.decay;
+    h.plan = calls_.id.hash();
+    h.n1 = l.n1;
+    h.n2 = l.n2;
+    std::memcpy(residual, &h, sizeof h);
+  }
+
+  //! The call with error feedback (host transports): as operator() without it, except that each
+  //! rank quantizes its input plus its residual, and keeps what the codes failed to carry (times
+  //! the decay) as its new residual, per hop as the state was initialised. Where the carried error
+  //! is not finite (a NaN or Inf input) the residual element is set to 0. The state must come from
+  //! init_residual() of this plan (or an identical plan), and must not overlap grad, shard or the
+  //! workspace; otherwise every rank throws before anything is sent. Results and residuals are
+  //! deterministic. O(padded_numel) work.
+  std::uint32_t operator()(const T* grad, T* shard, void* workspace, std::size_t workspace_bytes,
+                           ResidualState residual) {
+    static_assert(!detail::on_device<Transport>, "error feedback runs on host transports");
+    return host_call(grad, shard, workspace, workspace_bytes, &residual);
   }
 
   //! Device data path (collective/device.cuh), as QuantizedAllGather::device_call.
@@ -103,17 +152,21 @@ class QuantizedReduceScatter {
   const ShardLayout& layout() const { return layout_; }
 
  private:
-  std::uint32_t host_call(const T* grad, T* shard, void* workspace, std::size_t workspace_bytes) {
+  std::uint32_t host_call(const T* grad, T* shard, void* workspace, std::size_t workspace_bytes,
+                          const ResidualState* residual) {
     const char* fn = "QuantizedReduceScatter";
     const Pieces p = carve(workspace);
     const std::size_t S = layout_.shard_numel();
     const CallIdentity call = calls_.next();
     const std::uint64_t tag = call.hash();
     bool nonfinite = false;
+    Feedback fb;
     const std::string err = detail::local_check([&] {
       detail::check_workspace(fn, workspace, workspace_bytes, p.bytes);
       check_arguments(fn, grad, shard, workspace, workspace_bytes);
-      nonfinite = quantize_hop1(grad, p.send1, tag);
+      if (residual != nullptr) fb = check_residual(fn, *residual, grad, shard, workspace, workspace_bytes);
+      nonfinite = fb.hop1.n > 0 ? quantize_hop1_feedback(grad, p.send1, tag, p.acc, fb)
+                                : quantize_hop1(grad, p.send1, tag);
     });
     const std::uint32_t result = detail::agree_on_call(world_, call, err, nonfinite, fn);
     const int r = world_.rank();
@@ -133,12 +186,18 @@ class QuantizedReduceScatter {
       const std::size_t P2 = hop2_message_bytes();
       for (int m = 0; m < N; ++m) {
         const int owner = rank_at_[static_cast<std::size_t>(m * L + j)];
+        const std::size_t valid = layout_.valid_in_shard(owner), at = static_cast<std::size_t>(m) * S;
+        float* v = p.acc + at;
+        unsigned char* msg = p.send2 + static_cast<std::size_t>(m) * P2;
+        for (std::size_t i = 0; i < fb.hop2.n && i < valid; ++i) v[i] = fp::add(v[i], fb.hop2.get(at + i));
         o.index_base = layout_.shard_offset(owner);
-        host::detail::quantize_blocks<F2, float>(
-            S,
-            detail::SliceSource<float, F2::block>{p.acc + static_cast<std::size_t>(m) * S, 0,
-                                                  layout_.valid_in_shard(owner)},
-            p.send2 + static_cast<std::size_t>(m) * P2, o);
+        host::detail::quantize_blocks<F2, float>(S, detail::SliceSource<float, F2::block>{v, 0, valid}, msg,
+                                                 o);
+        if (fb.hop2.n > 0) {
+          host::detail::decode_message<F2>(
+              msg, S, [v](std::size_t i, float d) { v[i] = fp::sub(v[i], d); }, valid);
+          for (std::size_t i = 0; i < valid; ++i) fb.keep(fb.hop2, at + i, v[i]);
+        }
       }
       inter_.all_to_all(p.send2, p.recv2, P2);
       detail::sum_messages<F2>(p.recv2, P2, N, S, layout_.valid_in_shard(r), p.acc, tag, fn);
@@ -208,6 +267,112 @@ class QuantizedReduceScatter {
     id.word[CallIdentity::hops] = static_cast<std::uint64_t>(hops);
     id.word[CallIdentity::node_table] = topo.fingerprint();
     return id;
+  }
+
+  // An error-feedback state checked for this call: the residual spans (n = 0 when a hop is off).
+  struct Feedback {
+    detail::ResidualSpan hop1, hop2;
+    float decay = 1.0f;
+    // Stores decay * r as element i of span s, or 0 where r is not finite.
+    void keep(const detail::ResidualSpan& s, std::size_t i, float r) const {
+      s.set(i, fp::bits(r) << 1 >= 0xff000000u ? 0.0f : fp::mul(decay, r));
+    }
+  };
+
+  detail::ResidualLayout residual_layout(const FeedbackOptions& fb) const {
+    return detail::ResidualLayout{fb.hop1 ? layout_.padded_numel() : 0,
+                                  fb.hop2 && hops_ == Hops::two ? hop1_count() : 0, fb.storage};
+  }
+
+  // A workspace-like argument: present, large enough, 64-byte aligned.
+  static void check_workspace(const char* fn, const void* p, std::size_t bytes, std::size_t need,
+                              const char* name) {
+    QCOLL_REQUIRE(p != nullptr, fn, name, "null", "needs", need << " bytes");
+    QCOLL_REQUIRE(bytes >= need, fn, std::string(name) + " bytes", bytes, "is below the required", need);
+    QCOLL_REQUIRE(reinterpret_cast<std::uintptr_t>(p) % kWorkspaceAlignment == 0, fn, name, p,
+                  "is not aligned to", kWorkspaceAlignment << " bytes");
+  }
+
+  // Checks an error-feedback state against this plan and the call's other buffers.
+  Feedback check_residual(const char* fn, const ResidualState& r, const T* grad, const T* shard,
+                          const void* workspace, std::size_t workspace_bytes) const {
+    check_workspace(fn, r.data, r.bytes, sizeof(detail::ResidualHeader), "residual");
+    detail::ResidualHeader h;
+    std::memcpy(&h, r.data, sizeof h);
+    QCOLL_REQUIRE(h.magic == detail::kResidualMagic, fn, "residual", "a buffer without a residual header",
+                  "must be initialised by", "init_residual()");
+    QCOLL_REQUIRE(h.plan == calls_.id.hash(), fn, "residual", "the state of another plan", "must be one of",
+                  "this plan (init_residual())");
+    QCOLL_REQUIRE(h.storage <= static_cast<std::uint8_t>(ResidualStorage::bf16), fn, "residual storage",
+                  static_cast<int>(h.storage), "is not one of", "f32, bf16");
+    FeedbackOptions o;
+    o.hop1 = h.hop1 != 0;
+    o.hop2 = h.hop2 != 0;
+    o.storage = static_cast<ResidualStorage>(h.storage);
+    const detail::ResidualLayout l = residual_layout(o);
+    QCOLL_REQUIRE(h.n1 == l.n1 && h.n2 == l.n2, fn, "residual", "sizes " << h.n1 << " + " << h.n2,
+                  "differ from this plan's", l.n1 << " + " << l.n2);
+    QCOLL_REQUIRE(r.bytes >= l.bytes(), fn, "residual bytes", r.bytes, "is below the required", l.bytes());
+    QCOLL_REQUIRE(h.decay > 0.0f && h.decay <= 1.0f, fn, "residual decay", h.decay, "is outside", "(0, 1]");
+    const auto* b = static_cast<const unsigned char*>(r.data);
+    const auto apart = [b, &l](const void* q, std::size_t bytes) {
+      const auto* c = static_cast<const unsigned char*>(q);
+      return q == nullptr || bytes == 0 || c + bytes <= b || b + l.bytes() <= c;
+    };
+    QCOLL_REQUIRE(apart(grad, layout_.padded_numel() * sizeof(T)) &&
+                      apart(shard, layout_.shard_numel() * sizeof(T)) && apart(workspace, workspace_bytes),
+                  fn, "residual", r.data, "overlaps", "grad, shard or the workspace");
+    auto* d = static_cast<unsigned char*>(r.data);
+    Feedback f;
+    f.hop1 = detail::ResidualSpan{d + l.hop1_offset(), l.n1, o.storage};
+    f.hop2 = detail::ResidualSpan{d + l.hop2_offset(), l.n2, o.storage};
+    f.decay = h.decay;
+    return f;
+  }
+
+  // The source map of hop-1 message q: the slice of rank q (one hop) or the qgZ chunk of local
+  // index q (two hops).
+  SourceMap hop1_map(int q) const {
+    if (hops_ == Hops::one) return SourceMap::identity(layout_.numel(), layout_.shard_offset(q));
+    const std::size_t S = layout_.shard_numel();
+    return SourceMap::qgz(layout_.numel(), S, topo_.num_nodes(), topo_.ranks_per_node(), rank_at_.data(),
+                          static_cast<std::size_t>(q) * hop1_count());
+  }
+
+  // Hop 1 with error feedback: message q encodes v = grad + e (gathered into `scratch`, n1 floats,
+  // in message order), then e <- decay * (v - decode(message)) at the same gradient positions.
+  bool quantize_hop1_feedback(const T* grad, unsigned char* send, std::uint64_t tag, float* v,
+                              const Feedback& fb) const {
+    constexpr std::size_t B = F1::block;
+    const std::size_t n = hop1_count(), P1 = hop1_message_bytes(), nb = MessageLayout<F1>::blocks(n);
+    host::QuantizeOptions o = opt_;
+    o.seed = detail::rank_seed(opt_.seed, world_.rank(), 1);
+    o.tag = tag;
+    bool bad = false;
+    for (int q = 0; q < hop1_messages(); ++q) {
+      const SourceMap map = hop1_map(q);
+      for (std::size_t b = 0; b < nb; ++b) {
+        const MappedBlock mb = map_block(map, b, B, n);
+        for (std::size_t e = 0; e < B && b * B + e < n; ++e)
+          v[b * B + e] =
+              e < mb.valid ? fp::add(to_float(grad[mb.offset + e]), fb.hop1.get(mb.offset + e)) : 0.0f;
+      }
+      unsigned char* msg = send + static_cast<std::size_t>(q) * P1;
+      o.index_base = map.position0;
+      bad |= host::detail::quantize_blocks<F1, float>(
+                 n,
+                 [&](std::size_t b) {
+                   return host::detail::BlockSource<float>{v + b * B, map_block(map, b, B, n).valid};
+                 },
+                 msg, o) != 0;
+      host::detail::decode_message<F1>(
+          msg, n, [v](std::size_t i, float d) { v[i] = fp::sub(v[i], d); }, n);
+      for (std::size_t b = 0; b < nb; ++b) {
+        const MappedBlock mb = map_block(map, b, B, n);
+        for (std::size_t e = 0; e < mb.valid; ++e) fb.keep(fb.hop1, mb.offset + e, v[b * B + e]);
+      }
+    }
+    return bad;
   }
 
   // Quantizes the hop-1 messages (the qgZ reorder fused in for two hops); returns non-finite.
@@ -301,20 +466,22 @@ class QuantizedAllReduce {
     if constexpr (detail::on_device<Transport>) {
       device_call(in, out, workspace, workspace_bytes, stream);
     } else {
-      const Pieces p = carve(workspace);
-      const CallIdentity call = calls_.next();
-      const std::string err = detail::local_check([&] {
-        const char* fn = "QuantizedAllReduce";
-        const std::size_t padded = rs_.layout().padded_numel();
-        detail::check_workspace(fn, workspace, workspace_bytes, p.bytes);
-        detail::check_buffer(fn, "in", in, padded, workspace, workspace_bytes);
-        detail::check_buffer(fn, "out", out, padded, workspace, workspace_bytes);
-      });
-      detail::agree_on_call(world_, call, err, false, "QuantizedAllReduce");
-      const std::uint32_t flags = rs_(in, p.shard, p.inner, p.inner_bytes, stream);
-      ag_(p.shard, out, p.inner, p.inner_bytes, stream);
-      return flags;
+      return host_call(in, out, workspace, workspace_bytes, nullptr);
     }
+  }
+
+  //! Bytes of an error-feedback state of the reduce-scatter stage (QuantizedReduceScatter::residual_bytes).
+  std::size_t residual_bytes(const FeedbackOptions& fb = {}) const { return rs_.residual_bytes(fb); }
+  //! Initialises an error-feedback state of the reduce-scatter stage (QuantizedReduceScatter::init_residual).
+  void init_residual(void* residual, std::size_t bytes, const FeedbackOptions& fb = {}) const {
+    rs_.init_residual(residual, bytes, fb);
+  }
+  //! The call with error feedback in the reduce-scatter stage (host transports); the gather stage
+  //! quantizes the reduced shard as without it.
+  std::uint32_t operator()(const T* in, T* out, void* workspace, std::size_t workspace_bytes,
+                           ResidualState residual) {
+    static_assert(!detail::on_device<Transport>, "error feedback runs on host transports");
+    return host_call(in, out, workspace, workspace_bytes, &residual);
   }
 
   //! The reduce-scatter stage (its intra_node()/inter_node() groups carry the hop traffic).
@@ -330,6 +497,24 @@ class QuantizedAllReduce {
     std::size_t inner_bytes;
     std::size_t bytes;
   };
+  std::uint32_t host_call(const T* in, T* out, void* workspace, std::size_t workspace_bytes,
+                          const ResidualState* residual) {
+    const Pieces p = carve(workspace);
+    const CallIdentity call = calls_.next();
+    const std::string err = detail::local_check([&] {
+      const char* fn = "QuantizedAllReduce";
+      const std::size_t padded = rs_.layout().padded_numel();
+      detail::check_workspace(fn, workspace, workspace_bytes, p.bytes);
+      detail::check_buffer(fn, "in", in, padded, workspace, workspace_bytes);
+      detail::check_buffer(fn, "out", out, padded, workspace, workspace_bytes);
+    });
+    detail::agree_on_call(world_, call, err, false, "QuantizedAllReduce");
+    const std::uint32_t flags = residual != nullptr ? rs_(in, p.shard, p.inner, p.inner_bytes, *residual)
+                                                    : rs_(in, p.shard, p.inner, p.inner_bytes);
+    ag_(p.shard, out, p.inner, p.inner_bytes);
+    return flags;
+  }
+
   // Device data path (collective/device.cuh); throws this rank's argument error after enqueuing.
   void device_call(const T* in, T* out, void* workspace, std::size_t workspace_bytes,
                    typename Transport::stream_type stream);
