@@ -30,11 +30,26 @@ class QuantizedAllGather {
   //! parts than `world` has ranks, or if shards are not whole blocks of F. `opt` selects nearest
   //! or stochastic rounding (keyed by global element index).
   QuantizedAllGather(Transport& world, const ShardLayout& layout, const host::QuantizeOptions& opt = {})
-      : world_(world), layout_(layout), opt_(opt), calls_{identity(layout, opt)} {
+      : QuantizedAllGather(world, layout, HopOptions::from(opt)) {}
+
+  //! As above, with a randomized Hadamard rotation (`hop.rotation`, host transports): each rank
+  //! quantizes its rotated shard, span by span, and every rank rotates each decoded shard back.
+  //! Also throws (on every rank) if the rotation's span does not divide F's block, or a rotation is
+  //! asked for on a device transport.
+  QuantizedAllGather(Transport& world, const ShardLayout& layout, const HopOptions& hop)
+      : world_(world),
+        layout_(layout),
+        opt_{hop.rounding, hop.seed, 0, 0},
+        rotation_(hop.rotation),
+        calls_{identity(layout, hop)} {
     const std::string err = detail::local_check([&] {
       QCOLL_REQUIRE(layout.parts() == world.size(), "QuantizedAllGather", "layout.parts()", layout.parts(),
                     "differs from the world size", world.size());
       detail::check_blocks("QuantizedAllGather", layout, F::block, format_name(F::id));
+      check_rotation("QuantizedAllGather", hop.rotation, F::block);
+      QCOLL_REQUIRE(!detail::on_device<Transport> || !hop.rotation.enabled(), "QuantizedAllGather",
+                    "hop.rotation", "a Hadamard rotation", "runs on",
+                    "host transports only (the device path has none yet)");
     });
     detail::agree_on_call(world, calls_.id, err, false, "QuantizedAllGather");
   }
@@ -81,7 +96,7 @@ class QuantizedAllGather {
     const char* fn = "QuantizedAllGather";
     const std::size_t S = layout_.shard_numel();
     const int r = world_.rank();
-    const detail::GatherPieces p = carve(workspace);
+    const Pieces p = carve(workspace);
     const CallIdentity call = calls_.next();
     bool nonfinite = false;
     const std::string err = detail::local_check([&] {
@@ -91,29 +106,69 @@ class QuantizedAllGather {
       host::QuantizeOptions o = opt_;
       o.index_base = layout_.shard_offset(r);
       o.tag = call.hash();
-      const auto flags = host::detail::quantize_blocks<F, T>(
-          S, detail::SliceSource<T, F::block>{shard, 0, layout_.valid_in_shard(r)}, p.send, o);
+      std::uint32_t flags;
+      if (!rotation_.enabled()) {
+        flags = host::detail::quantize_blocks<F, T>(
+            S, detail::SliceSource<T, F::block>{shard, 0, layout_.valid_in_shard(r)}, p.send, o);
+      } else {
+        const std::size_t valid = layout_.valid_in_shard(r);
+        for (std::size_t i = 0; i < S; ++i) p.scratch[i] = i < valid ? to_float(shard[i]) : 0.0f;
+        for (std::size_t at = 0; at < S; at += rotation_.span())
+          rotate_forward(p.scratch + at, rotation_, layout_.shard_offset(r) + at);
+        flags = host::detail::quantize_blocks<F, float>(
+            S, detail::SliceSource<float, F::block>{p.scratch, 0, rotated_valid(valid)}, p.send, o);
+      }
       nonfinite = (flags & kFlagNonFinite) != 0;
     });
     const std::uint32_t result = detail::agree_on_call(world_, call, err, nonfinite, fn);
-    detail::gather_and_decode<F>(
-        world_, p, message_bytes(), S, full, [this](int q) { return layout_.shard_offset(q); },
-        [this](int q) { return layout_.valid_in_shard(q); }, call.hash(), fn, "message from a peer");
+    if (!rotation_.enabled()) {
+      detail::gather_and_decode<F>(
+          world_, p, message_bytes(), S, full, [this](int q) { return layout_.shard_offset(q); },
+          [this](int q) { return layout_.valid_in_shard(q); }, call.hash(), fn, "message from a peer");
+      return result;
+    }
+    // Rotated: decode each shard into the scratch, rotate it back, store its data elements.
+    world_.all_gather(p.send, p.recv, message_bytes());
+    for (int q = 0; q < world_.size(); ++q) {
+      const unsigned char* msg = p.recv + static_cast<std::size_t>(q) * message_bytes();
+      detail::read_call_header<F>(msg, S, call.hash(), fn, "message from a peer");
+      const std::size_t valid = layout_.valid_in_shard(q), first = layout_.shard_offset(q);
+      detail::decode_slice<F>(msg, S, rotated_valid(valid), p.scratch);
+      for (std::size_t at = 0; at < rotated_valid(valid); at += rotation_.span())
+        rotate_inverse(p.scratch + at, rotation_, first + at);
+      for (std::size_t i = 0; i < S; ++i) full[first + i] = from_float<T>(i < valid ? p.scratch[i] : 0.0f);
+    }
     return result;
   }
 
-  static CallIdentity identity(const ShardLayout& layout, const host::QuantizeOptions& opt) {
-    CallIdentity id = detail::plan_identity<T>(1, layout, opt);
+  // Data elements a rotated shard sends: whole spans.
+  std::size_t rotated_valid(std::size_t valid) const {
+    return (valid + rotation_.span() - 1) / rotation_.span() * rotation_.span();
+  }
+
+  static CallIdentity identity(const ShardLayout& layout, const HopOptions& hop) {
+    CallIdentity id = detail::plan_identity<T>(1, layout, hop);
     detail::set_format<F>(id, 1);
     return id;
   }
 
-  detail::GatherPieces carve(void* base) const {
-    return detail::carve_gather(base, message_bytes(), world_.size(), detail::on_device<Transport>);
+  // The gather's pieces, then (rotation only) a float scratch of one shard.
+  struct Pieces : detail::GatherPieces {
+    float* scratch;
+  };
+  Pieces carve(void* base) const {
+    Pieces p{detail::carve_gather(base, message_bytes(), world_.size(), detail::on_device<Transport>),
+             nullptr};
+    const std::size_t extra = rotation_.enabled() ? layout_.shard_numel() * sizeof(float) : 0;
+    if (base != nullptr && extra > 0)
+      p.scratch = reinterpret_cast<float*>(static_cast<unsigned char*>(base) + p.bytes);
+    p.bytes += (extra + kWorkspaceAlignment - 1) / kWorkspaceAlignment * kWorkspaceAlignment;
+    return p;
   }
   Transport& world_;
   ShardLayout layout_;
   host::QuantizeOptions opt_;
+  Rotation rotation_;
   detail::PlanCalls calls_;
 };
 

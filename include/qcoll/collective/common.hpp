@@ -15,6 +15,7 @@
 #include "../core/error.hpp"
 #include "../core/hash.hpp"
 #include "../core/workspace.hpp"
+#include "../format/hadamard.hpp"
 #include "../format/message.hpp"
 #include "../host/quantize.hpp"
 #include "../layout/qgz.hpp"
@@ -39,6 +40,26 @@ constexpr std::uint32_t kResultRejected = kFlagRejected;
 //! was not written. (Host calls throw instead.)
 constexpr std::uint32_t kResultBadMessage = kFlagBadMessage;
 
+//! How one hop (or stage) of a collective quantizes: rounding, the stochastic-rounding seed (made
+//! distinct per rank and hop inside the plans) and the randomized Hadamard rotation applied before
+//! quantizing (format/hadamard.hpp; span 0 = off). Part of the plan's identity.
+struct HopOptions {
+  Rounding rounding = Rounding::nearest;  //!< nearest-even or stochastic
+  std::uint64_t seed = 0;                 //!< stochastic rounding key
+  Rotation rotation{};                    //!< Hadamard smoothing of this hop (off by default)
+
+  //! The options of a plan built with one QuantizeOptions for every hop (no rotation).
+  static HopOptions from(const host::QuantizeOptions& o) {
+    return HopOptions{o.rounding, o.seed, Rotation{}};
+  }
+};
+
+//! Per-hop options of a QuantizedReduceScatter (hop2 is unused for one hop).
+struct ReduceScatterOptions {
+  HopOptions hop1;  //!< the rank's own messages (intra-node for two hops)
+  HopOptions hop2;  //!< the re-quantized partial sums (inter-node)
+};
+
 //! What a rank says it is calling: one word per field of the plan's identity, and the call's
 //! number. Every plan builds one at construction; every call (and the construction itself, as
 //! call 0) is agreed on by all ranks of the world before any byte moves, and its hash is the tag
@@ -58,8 +79,12 @@ struct CallIdentity {
     reduce_op,     //!< Reduce
     hops,          //!< Hops
     node_table,    //!< Topology::fingerprint() (the whole node table), 0 without topology
-    rounding,      //!< Rounding
-    seed,          //!< stochastic rounding seed
+    rounding,      //!< Rounding (of the first hop)
+    seed,          //!< stochastic rounding seed (of the first hop; 0 for nearest)
+    rotation,      //!< the first hop's rotation: log2 span and seed hashed (0: off)
+    rounding2,     //!< the second hop's Rounding
+    seed2,         //!< the second hop's seed (0 for nearest)
+    rotation2,     //!< the second hop's rotation (0: off)
     call,          //!< 0 at construction, then 1, 2, ... per call of this plan
     kFieldCount
   };
@@ -67,10 +92,12 @@ struct CallIdentity {
 
   //! Name of a field, as errors print it.
   static const char* field_name(int f) noexcept {
-    static const char* const names[kFieldCount] = {
-        "kind",         "element type", "format",       "block", "second format",
-        "second block", "numel",        "padded numel", "parts", "reduce op",
-        "hops",         "node table",   "rounding",     "seed",  "call number"};
+    static const char* const names[] = {
+        "kind",       "element type", "format",   "block",           "second format", "second block",
+        "numel",      "padded numel", "parts",    "reduce op",       "hops",          "node table",
+        "rounding",   "seed",         "rotation", "second rounding", "second seed",   "second rotation",
+        "call number"};
+    static_assert(sizeof(names) / sizeof(names[0]) == kFieldCount, "one name per field");
     return f >= 0 && f < kFieldCount ? names[f] : "?";
   }
   //! 64-bit hash of all fields (FNV-1a); never 0, so a tag of 0 marks a standalone message.
@@ -93,7 +120,9 @@ struct CallIdentity {
       case format2: return format_name(static_cast<FormatId>(v));
       case reduce_op: return v == 0 ? "sum" : v == 1 ? "mean" : std::to_string(v);
       case hops: return v == 0 ? "one" : v == 1 ? "two" : std::to_string(v);
-      case node_table: {
+      case node_table:
+      case rotation:
+      case rotation2: {
         std::ostringstream os;
         os << "#" << std::hex << v;
         return os.str();
@@ -105,18 +134,27 @@ struct CallIdentity {
 
 namespace detail {
 
-//! The identity of a plan over `layout` (kind, element type, the layout's sizes, rounding, seed);
-//! callers fill in the formats, op, hops and node table.
+//! Sets a hop's fields (hop 1 or 2) of an identity.
+inline void set_hop(CallIdentity& id, int hop, const HopOptions& h) {
+  id.word[hop == 1 ? CallIdentity::rounding : CallIdentity::rounding2] =
+      static_cast<std::uint64_t>(h.rounding);
+  id.word[hop == 1 ? CallIdentity::seed : CallIdentity::seed2] =
+      h.rounding == Rounding::stochastic ? h.seed : 0;
+  id.word[hop == 1 ? CallIdentity::rotation : CallIdentity::rotation2] =
+      h.rotation.enabled() ? fnv1a({h.rotation.log2_span, h.rotation.seed}) : 0;
+}
+
+//! The identity of a plan over `layout` (kind, element type, the layout's sizes, the first hop's
+//! options); callers fill in the formats, op, hops, node table and second hop.
 template <class T>
-CallIdentity plan_identity(int kind, const ShardLayout& layout, const host::QuantizeOptions& opt) {
+CallIdentity plan_identity(int kind, const ShardLayout& layout, const HopOptions& hop1) {
   CallIdentity id;
   id.word[CallIdentity::kind] = static_cast<std::uint64_t>(kind);
   id.word[CallIdentity::element_type] = static_cast<std::uint64_t>(dtype_of<T>::value);
   id.word[CallIdentity::numel] = layout.numel();
   id.word[CallIdentity::padded_numel] = layout.padded_numel();
   id.word[CallIdentity::parts] = static_cast<std::uint64_t>(layout.parts());
-  id.word[CallIdentity::rounding] = static_cast<std::uint64_t>(opt.rounding);
-  id.word[CallIdentity::seed] = opt.rounding == Rounding::stochastic ? opt.seed : 0;
+  set_hop(id, 1, hop1);
   return id;
 }
 

@@ -143,7 +143,7 @@ class DeltaAllGather {
   }
 
   static CallIdentity identity(const ShardLayout& layout, const host::QuantizeOptions& opt) {
-    CallIdentity id = detail::plan_identity<T>(6, layout, opt);
+    CallIdentity id = detail::plan_identity<T>(6, layout, HopOptions::from(opt));
     detail::set_format<F>(id, 1);
     return id;
   }

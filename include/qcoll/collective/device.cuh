@@ -314,9 +314,7 @@ std::string QuantizedReduceScatter<T, F1, F2, Transport>::device_call(
   const std::size_t n1 = hop1_count(), P1 = hop1_message_bytes();
   const int k1 = hop1_messages();
   const std::uint64_t tag = calls_.next().hash();
-  host::QuantizeOptions o = opt_;
-  o.seed = detail::rank_seed(opt_.seed, r, 1);
-  o.tag = tag;
+  host::QuantizeOptions o = quantize_options(1, tag);
   const bool two = hops_ == Hops::two;
   const int N = topo_.num_nodes(), L = topo_.ranks_per_node(), j = topo_.local_index();
   // Hop 1: quantize (the qgZ reorder fused in for two hops), or mark the messages rejected.
@@ -351,9 +349,7 @@ std::string QuantizedReduceScatter<T, F1, F2, Transport>::device_call(
   intra_.all_to_all(p.send1, p.recv1, P1, stream);
   gd::launch_verify<F1>(p.recv1, P1, L, n1, tag, st, report, stream);
   // Sum the L chunks and re-quantize each node's slice of the partial sum, without writing it out.
-  host::QuantizeOptions o2 = opt_;
-  o2.seed = detail::rank_seed(opt_.seed, r, 2);
-  o2.tag = tag;
+  host::QuantizeOptions o2 = quantize_options(2, tag);
   const std::size_t P2 = hop2_message_bytes();
   const bool aligned1 = gd::is_aligned16(p.recv1) && P1 % 16 == 0;
   for (int m = 0; m < N; ++m) {

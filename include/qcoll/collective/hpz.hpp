@@ -154,7 +154,7 @@ class SecondaryShard {
   }
 
   static CallIdentity identity(const ShardLayout& layout, const Topology& topo) {
-    CallIdentity id = detail::plan_identity<T>(2, layout, host::QuantizeOptions{});
+    CallIdentity id = detail::plan_identity<T>(2, layout, HopOptions{});
     detail::set_format<F>(id, 1);
     id.word[CallIdentity::node_table] = topo.fingerprint();
     return id;

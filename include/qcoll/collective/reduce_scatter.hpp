@@ -43,7 +43,11 @@ enum class Hops : std::uint8_t {
 //! hops). Calls on host transports block, allocate nothing, and check every argument on every
 //! rank before anything is sent. On device transports the call takes device buffers and is
 //! stream-ordered (collective/device.cuh); the results are the host path's, bit for bit.
-//! Stochastic rounding (opt) uses a per-rank, per-hop key.
+//! Stochastic rounding uses a per-rank, per-hop key. Each hop has its own options
+//! (ReduceScatterOptions): rounding, seed, and a randomized Hadamard rotation (format/hadamard.hpp):
+//! a hop with a rotation quantizes rotated spans, the sums are formed in the rotated domain (the
+//! rotation is linear and the same on every rank), and the result is rotated back once, on the
+//! reduced shard. Rotations run on host transports; error feedback (feedback.hpp) too.
 template <class T, class F1, class F2, class Transport>
 class QuantizedReduceScatter {
  public:
@@ -56,13 +60,21 @@ class QuantizedReduceScatter {
   //! world size, or shards are not whole blocks of F1 and F2.
   QuantizedReduceScatter(Transport& world, const Topology& topo, const ShardLayout& layout, Reduce op,
                          Hops hops = Hops::two, const host::QuantizeOptions& opt = {})
+      : QuantizedReduceScatter(world, topo, layout, op, hops,
+                               ReduceScatterOptions{HopOptions::from(opt), HopOptions::from(opt)}) {}
+
+  //! As above, with each hop's rounding, seed and rotation. Also throws (on every rank) if a
+  //! rotation's span does not divide its hop's block, or a rotation is asked for on a device
+  //! transport.
+  QuantizedReduceScatter(Transport& world, const Topology& topo, const ShardLayout& layout, Reduce op,
+                         Hops hops, const ReduceScatterOptions& options)
       : world_(world),
-        calls_{identity(layout, topo, op, hops, opt)},
-        topo_(checked(world, topo, layout, hops, calls_.id)),
+        calls_{identity(layout, topo, op, hops, options)},
+        topo_(checked(world, topo, layout, hops, options, calls_.id)),
         layout_(layout),
         op_(op),
         hops_(hops),
-        opt_(opt),
+        hop_(options),
         intra_(world.split(hops == Hops::two ? topo.node() : 0, topo.local_index())),
         inter_(world.split(hops == Hops::two ? topo.local_index() : world.rank(), topo.node())) {
     rank_at_.assign(topo.rank_at_table(), topo.rank_at_table() + topo.world_size());
@@ -159,55 +171,90 @@ class QuantizedReduceScatter {
     const std::size_t S = layout_.shard_numel();
     const CallIdentity call = calls_.next();
     const std::uint64_t tag = call.hash();
+    const Rotation& r1 = hop_.hop1.rotation;
+    const Rotation& r2 = hops_ == Hops::two ? hop_.hop2.rotation : r1;  // the domain of the final sums
     bool nonfinite = false;
     Feedback fb;
     const std::string err = detail::local_check([&] {
       detail::check_workspace(fn, workspace, workspace_bytes, p.bytes);
       check_arguments(fn, grad, shard, workspace, workspace_bytes);
       if (residual != nullptr) fb = check_residual(fn, *residual, grad, shard, workspace, workspace_bytes);
-      nonfinite = fb.hop1.n > 0 ? quantize_hop1_feedback(grad, p.send1, tag, p.acc, fb)
-                                : quantize_hop1(grad, p.send1, tag);
+      nonfinite = fb.hop1.n > 0 || r1.enabled() ? quantize_hop1_gathered(grad, p.send1, tag, p.acc, fb)
+                                                : quantize_hop1(grad, p.send1, tag);
     });
     const std::uint32_t result = detail::agree_on_call(world_, call, err, nonfinite, fn);
     const int r = world_.rank();
+    const std::size_t mine = span_valid(layout_.valid_in_shard(r), r2);  // sums needed (rotated: whole spans)
     if (hops_ == Hops::one) {
       world_.all_to_all(p.send1, p.recv1, hop1_message_bytes());
-      detail::sum_messages<F1>(p.recv1, hop1_message_bytes(), world_.size(), S, layout_.valid_in_shard(r),
-                               p.acc, tag, fn);
+      detail::sum_messages<F1>(p.recv1, hop1_message_bytes(), world_.size(), S, mine, p.acc, tag, fn);
     } else {
       const int N = topo_.num_nodes(), L = topo_.ranks_per_node(), j = topo_.local_index();
       const std::size_t n1 = hop1_count();
       intra_.all_to_all(p.send1, p.recv1, hop1_message_bytes());
       detail::sum_messages<F1>(p.recv1, hop1_message_bytes(), L, n1, n1, p.acc, tag, fn);
-      // Re-quantize the N node slices of the partial sum, one message per node.
-      host::QuantizeOptions o = opt_;
-      o.seed = detail::rank_seed(opt_.seed, r, 2);
-      o.tag = tag;
+      // Re-quantize the N node slices of the partial sum, one message per node, in hop 2's domain.
+      host::QuantizeOptions o = quantize_options(2, tag);
       const std::size_t P2 = hop2_message_bytes();
       for (int m = 0; m < N; ++m) {
         const int owner = rank_at_[static_cast<std::size_t>(m * L + j)];
-        const std::size_t valid = layout_.valid_in_shard(owner), at = static_cast<std::size_t>(m) * S;
+        const std::size_t at = static_cast<std::size_t>(m) * S, first = layout_.shard_offset(owner);
+        const std::size_t valid = layout_.valid_in_shard(owner), valid2 = span_valid(valid, r2);
         float* v = p.acc + at;
+        if (!same_rotation(r1, r2)) {
+          rotate_region(v, S, r1, first, false);
+          for (std::size_t i = valid; i < S; ++i) v[i] = 0.0f;  // padding is zero, not rounding noise
+          rotate_region(v, S, r2, first, true);
+        }
         unsigned char* msg = p.send2 + static_cast<std::size_t>(m) * P2;
-        for (std::size_t i = 0; i < fb.hop2.n && i < valid; ++i) v[i] = fp::add(v[i], fb.hop2.get(at + i));
-        o.index_base = layout_.shard_offset(owner);
-        host::detail::quantize_blocks<F2, float>(S, detail::SliceSource<float, F2::block>{v, 0, valid}, msg,
+        for (std::size_t i = 0; i < fb.hop2.n && i < valid2; ++i) v[i] = fp::add(v[i], fb.hop2.get(at + i));
+        o.index_base = first;
+        host::detail::quantize_blocks<F2, float>(S, detail::SliceSource<float, F2::block>{v, 0, valid2}, msg,
                                                  o);
         if (fb.hop2.n > 0) {
           host::detail::decode_message<F2>(
-              msg, S, [v](std::size_t i, float d) { v[i] = fp::sub(v[i], d); }, valid);
-          for (std::size_t i = 0; i < valid; ++i) fb.keep(fb.hop2, at + i, v[i]);
+              msg, S, [v](std::size_t i, float d) { v[i] = fp::sub(v[i], d); }, valid2);
+          for (std::size_t i = 0; i < valid2; ++i) fb.keep(fb.hop2, at + i, v[i]);
         }
       }
       inter_.all_to_all(p.send2, p.recv2, P2);
-      detail::sum_messages<F2>(p.recv2, P2, N, S, layout_.valid_in_shard(r), p.acc, tag, fn);
+      detail::sum_messages<F2>(p.recv2, P2, N, S, mine, p.acc, tag, fn);
     }
+    rotate_region(p.acc, mine, r2, layout_.shard_offset(r), false);  // back from the rotated domain
     const std::size_t valid = layout_.valid_in_shard(r);
     const float world = static_cast<float>(world_.size());
     for (std::size_t i = 0; i < valid; ++i)
       shard[i] = from_float<T>(op_ == Reduce::mean ? fp::div(p.acc[i], world) : p.acc[i]);
     for (std::size_t i = valid; i < S; ++i) shard[i] = from_float<T>(0.0f);
     return result;
+  }
+
+  // The options of hop 1 or 2 for this rank's messages of a call with `tag`.
+  host::QuantizeOptions quantize_options(int hop, std::uint64_t tag) const {
+    const HopOptions& h = hop == 1 ? hop_.hop1 : hop_.hop2;
+    host::QuantizeOptions o;
+    o.rounding = h.rounding;
+    o.seed = detail::rank_seed(h.seed, world_.rank(), hop);
+    o.tag = tag;
+    return o;
+  }
+
+  // True if two rotations are the same map (both off, or the same span and seed).
+  static bool same_rotation(const Rotation& a, const Rotation& b) {
+    return a.enabled() == b.enabled() && (!a.enabled() || (a.log2_span == b.log2_span && a.seed == b.seed));
+  }
+
+  // Elements of a run of `valid` data elements that a rotated hop sends: whole spans.
+  static std::size_t span_valid(std::size_t valid, const Rotation& r) {
+    return r.enabled() ? (valid + r.span() - 1) / r.span() * r.span() : valid;
+  }
+
+  // Rotates (forward or back) the n elements at v, n a multiple of the span, element 0 being
+  // global element `global0` (spans are contiguous in the gradient). No-op when off.
+  static void rotate_region(float* v, std::size_t n, const Rotation& r, std::size_t global0, bool forward) {
+    if (!r.enabled()) return;
+    for (std::size_t at = 0; at < n; at += r.span())
+      forward ? rotate_forward(v + at, r, global0 + at) : rotate_inverse(v + at, r, global0 + at);
   }
 
   struct Pieces {
@@ -259,8 +306,9 @@ class QuantizedReduceScatter {
   }
 
   static CallIdentity identity(const ShardLayout& layout, const Topology& topo, Reduce op, Hops hops,
-                               const host::QuantizeOptions& opt) {
-    CallIdentity id = detail::plan_identity<T>(3, layout, opt);
+                               const ReduceScatterOptions& options) {
+    CallIdentity id = detail::plan_identity<T>(3, layout, options.hop1);
+    if (hops == Hops::two) detail::set_hop(id, 2, options.hop2);
     detail::set_format<F1>(id, 1);
     detail::set_format<F2>(id, 2);
     id.word[CallIdentity::reduce_op] = static_cast<std::uint64_t>(op);
@@ -339,36 +387,45 @@ class QuantizedReduceScatter {
                           static_cast<std::size_t>(q) * hop1_count());
   }
 
-  // Hop 1 with error feedback: message q encodes v = grad + e (gathered into `scratch`, n1 floats,
-  // in message order), then e <- decay * (v - decode(message)) at the same gradient positions.
-  bool quantize_hop1_feedback(const T* grad, unsigned char* send, std::uint64_t tag, float* v,
+  // Hop 1 through a float copy (error feedback or a rotation): message q's blocks are gathered
+  // from the gradient into `v` (n1 floats, message order; plus the residual with feedback),
+  // rotated span by span, and encoded; with feedback the message is decoded back and the residual
+  // becomes decay * (v - decode), rotated back, at the same gradient positions.
+  bool quantize_hop1_gathered(const T* grad, unsigned char* send, std::uint64_t tag, float* v,
                               const Feedback& fb) const {
     constexpr std::size_t B = F1::block;
+    const Rotation& rot = hop_.hop1.rotation;
     const std::size_t n = hop1_count(), P1 = hop1_message_bytes(), nb = MessageLayout<F1>::blocks(n);
-    host::QuantizeOptions o = opt_;
-    o.seed = detail::rank_seed(opt_.seed, world_.rank(), 1);
-    o.tag = tag;
+    const std::size_t span = rot.span();
+    host::QuantizeOptions o = quantize_options(1, tag);
     bool bad = false;
     for (int q = 0; q < hop1_messages(); ++q) {
       const SourceMap map = hop1_map(q);
       for (std::size_t b = 0; b < nb; ++b) {
         const MappedBlock mb = map_block(map, b, B, n);
-        for (std::size_t e = 0; e < B && b * B + e < n; ++e)
-          v[b * B + e] =
-              e < mb.valid ? fp::add(to_float(grad[mb.offset + e]), fb.hop1.get(mb.offset + e)) : 0.0f;
+        for (std::size_t e = 0; e < B && b * B + e < n; ++e) {
+          const float x = e < mb.valid ? to_float(grad[mb.offset + e]) : 0.0f;
+          v[b * B + e] = fb.hop1.n > 0 && e < mb.valid ? fp::add(x, fb.hop1.get(mb.offset + e)) : x;
+        }
+        for (std::size_t e = 0; rot.enabled() && e < B && b * B + e < n; e += span)
+          rotate_forward(v + b * B + e, rot, map_position(map, map.position0 + b * B + e));
       }
       unsigned char* msg = send + static_cast<std::size_t>(q) * P1;
       o.index_base = map.position0;
       bad |= host::detail::quantize_blocks<F1, float>(
                  n,
                  [&](std::size_t b) {
-                   return host::detail::BlockSource<float>{v + b * B, map_block(map, b, B, n).valid};
+                   return host::detail::BlockSource<float>{v + b * B,
+                                                           span_valid(map_block(map, b, B, n).valid, rot)};
                  },
                  msg, o) != 0;
+      if (fb.hop1.n == 0) continue;
       host::detail::decode_message<F1>(
           msg, n, [v](std::size_t i, float d) { v[i] = fp::sub(v[i], d); }, n);
       for (std::size_t b = 0; b < nb; ++b) {
         const MappedBlock mb = map_block(map, b, B, n);
+        for (std::size_t e = 0; rot.enabled() && e < B && b * B + e < n; e += span)
+          rotate_inverse(v + b * B + e, rot, map_position(map, map.position0 + b * B + e));
         for (std::size_t e = 0; e < mb.valid; ++e) fb.keep(fb.hop1, mb.offset + e, v[b * B + e]);
       }
     }
@@ -378,9 +435,7 @@ class QuantizedReduceScatter {
   // Quantizes the hop-1 messages (the qgZ reorder fused in for two hops); returns non-finite.
   bool quantize_hop1(const T* grad, unsigned char* send, std::uint64_t tag) const {
     const std::size_t S = layout_.shard_numel(), P1 = hop1_message_bytes();
-    host::QuantizeOptions o = opt_;
-    o.seed = detail::rank_seed(opt_.seed, world_.rank(), 1);
-    o.tag = tag;
+    host::QuantizeOptions o = quantize_options(1, tag);
     bool bad = false;
     if (hops_ == Hops::one) {
       for (int q = 0; q < world_.size(); ++q) {
@@ -409,7 +464,7 @@ class QuantizedReduceScatter {
   }
 
   static Topology checked(Transport& world, const Topology& topo, const ShardLayout& layout, Hops hops,
-                          const CallIdentity& id) {
+                          const ReduceScatterOptions& options, const CallIdentity& id) {
     const std::string err = detail::local_check([&] {
       QCOLL_REQUIRE(
           topo.world_size() == world.size() && topo.rank() == world.rank(), "QuantizedReduceScatter", "topo",
@@ -418,8 +473,16 @@ class QuantizedReduceScatter {
       QCOLL_REQUIRE(layout.parts() == world.size(), "QuantizedReduceScatter", "layout.parts()",
                     layout.parts(), "differs from the world size", world.size());
       detail::check_blocks("QuantizedReduceScatter", layout, F1::block, format_name(F1::id));
-      if (hops == Hops::two)
+      check_rotation("QuantizedReduceScatter", options.hop1.rotation, F1::block);
+      if (hops == Hops::two) {
         detail::check_blocks("QuantizedReduceScatter", layout, F2::block, format_name(F2::id));
+        check_rotation("QuantizedReduceScatter", options.hop2.rotation, F2::block);
+      }
+      QCOLL_REQUIRE(
+          !detail::on_device<Transport> ||
+              !(options.hop1.rotation.enabled() || (hops == Hops::two && options.hop2.rotation.enabled())),
+          "QuantizedReduceScatter", "options rotation", "a Hadamard rotation", "runs on",
+          "host transports only (the device path has none yet)");
     });
     detail::agree_on_call(world, id, err, false, "QuantizedReduceScatter");
     return topo;
@@ -431,7 +494,7 @@ class QuantizedReduceScatter {
   ShardLayout layout_;
   Reduce op_;
   Hops hops_;
-  host::QuantizeOptions opt_;
+  ReduceScatterOptions hop_;
   SubTransport intra_;
   SubTransport inter_;
   std::vector<int> rank_at_;
