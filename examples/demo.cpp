@@ -1,7 +1,9 @@
-// qcoll demo: trains a small MLP with ZeRO-3-style sharding over 8 ranks on 2 nodes, once with plain
-// collectives and once with ZeRO++ (qwZ + hpZ + qgZ), and compares loss, bytes and time.
+// qcoll demo: trains a small MLP with ZeRO-3-style sharding over 8 ranks on 2 nodes, with plain
+// collectives, with ZeRO++ (qwZ + hpZ + qgZ), and with low-bit configurations past ZeRO++ (int4
+// weights, error feedback, Hadamard rotation, ZeRO-2 with qWD), and compares loss, bytes and time.
 // Run with --help for the options. Exit status: 0 when the ZeRO++ final loss is within 2% of the
-// plain one, 1 when it is not, 2 on a bad command line, 3 on an error.
+// plain one and the best low-bit configuration (at least 8x fewer cross-node bytes) is within 1%,
+// 1 when not, 2 on a bad command line, 3 on an error.
 
 #ifndef QCOLL_HAVE_MPI
 #define QCOLL_HAVE_MPI 0
@@ -36,12 +38,29 @@ using qcoll_demo::DemoConfig;
 using qcoll_demo::RunResult;
 using qcoll_demo::Techniques;
 
-constexpr double kTolerance = 0.02;  // ZeRO++ final loss must be within 2% of the plain one
+constexpr double kTolerance = 0.02;        // ZeRO++ final loss must be within 2% of the plain one
+constexpr double kLowBitTolerance = 0.01;  // the best low-bit configuration: within 1% ...
+constexpr double kLowBitRatio = 8.0;       // ... with at least 8x fewer cross-node bytes
+
+// The low-bit configurations the default run adds after plain and ZeRO++.
+struct LowBit {
+  const char* name;
+  Techniques techniques;
+};
+const LowBit kLowBit[] = {
+    {"ZeRO-3, int4 weights: qwZ int4 + Hadamard, hpZ, qgZ int4 + feedback + Hadamard",
+     Techniques{true, true, true, true, true, true, false}},
+    {"ZeRO-2 + qWD: int4 weight differences, qgZ int4",
+     Techniques{false, false, true, false, false, false, true}},
+    {"ZeRO-2 + qWD: int4 weight differences, qgZ int4 + feedback + Hadamard",
+     Techniques{false, false, true, true, true, false, true}},
+};
 
 struct Options {
   DemoConfig config;
   Techniques zeropp{true, true, true};
   int print_every = 5;
+  bool low_bit = true;
   bool mpi = false;
   bool help = false;
 };
@@ -63,6 +82,11 @@ void print_help(const char* prog) {
       "It prints the training loss of both runs, the bytes each rank sends per step inside and\n"
       "across nodes, and the time per step, then checks that the ZeRO++ final loss (held-out set,\n"
       "trained fp32 weights) is within 2%% of the plain one.\n"
+      "Then it trains the low-bit configurations past ZeRO++ (int4 weights with Hadamard rotation,\n"
+      "error feedback; ZeRO-2, where every rank keeps all weights and receives the owners' updates\n"
+      "as int4 weight differences, qWD) and prints, for every configuration, the cross-node bytes per\n"
+      "step and rank, the ratio to plain, and the final loss; it checks that the best one sending at\n"
+      "least 8x fewer cross-node bytes than plain ends within 1%% of plain.\n"
       "\n"
       "Ranks are threads of this process, placed node-major on --nodes simulated nodes. Under mpirun\n"
       "(or with --mpi) in a build with MPI, the MPI processes are the ranks instead; --nodes still\n"
@@ -82,10 +106,12 @@ void print_help(const char* prog) {
       "  --no-qwz      ZeRO++ run: bf16 forward all-gather instead of int8\n"
       "  --no-hpz      ZeRO++ run: backward all-gather over all ranks instead of hpZ\n"
       "  --no-qgz      ZeRO++ run: bf16 one-hop reduce-scatter instead of int4 two-hop\n"
+      "  --no-low-bit  skip the low-bit configurations past ZeRO++\n"
       "  --mpi         run on MPI ranks (default when started by mpirun/mpiexec; needs an MPI build)\n"
       "  --help        this text\n"
       "\n"
-      "Exit status: 0 pass, 1 ZeRO++ final loss not within 2%% of plain, 2 bad option, 3 error.\n",
+      "Exit status: 0 pass, 1 ZeRO++ not within 2%% of plain or no low-bit configuration with 8x\n"
+      "fewer cross-node bytes within 1%%, 2 bad option, 3 error.\n",
       prog, qcoll_demo::Mlp::student(DemoConfig{}).numel());
 }
 
@@ -134,6 +160,8 @@ Options parse(int argc, char** argv) {
       flag(o.zeropp.hpz, false);
     else if (arg == "--no-qgz")
       flag(o.zeropp.qgz, false);
+    else if (arg == "--no-low-bit")
+      flag(o.low_bit, false);
     else if (arg == "--ranks")
       o.config.ranks = static_cast<int>(parse_int(arg, need(), 1, 1024));
     else if (arg == "--nodes")
@@ -173,6 +201,8 @@ std::string describe(const Techniques& t) {
   if (t.qwz) add("qwZ int8");
   if (t.hpz) add("hpZ");
   if (t.qgz) add("qgZ int4 two-hop");
+  if (t.feedback) add("error feedback");
+  if (t.hadamard) add("Hadamard");
   return s.empty() ? "no technique (same as plain)" : s;
 }
 
@@ -234,6 +264,36 @@ int report(const Options& o, const RunResult& plain, const RunResult& zpp) {
   return pass ? 0 : 1;
 }
 
+//! Prints the low-bit summary; returns 0 if the best configuration with at least kLowBitRatio fewer
+//! cross-node bytes than plain ends within kLowBitTolerance of plain, else 1.
+int report_low_bit(const RunResult& plain, const RunResult& zpp, const std::vector<RunResult>& runs) {
+  const double lp = plain.final_eval, bp = static_cast<double>(plain.steps.back().total().inter);
+  std::printf("\nlow-bit configurations (cross-node bytes per step and rank; final held-out loss)\n");
+  std::printf("  %-78s  %8s  %7s  %9s  %8s\n", "configuration", "MiB", "less", "loss", "vs plain");
+  auto line = [&](const char* name, const RunResult& r) {
+    const double b = static_cast<double>(r.steps.back().total().inter);
+    std::printf("  %-78s  %8.3f  %6.2fx  %9.6f  %+7.3f%%\n", name, b / (1024.0 * 1024.0),
+                b > 0 ? bp / b : 0.0, r.final_eval, 100.0 * (r.final_eval - lp) / lp);
+  };
+  line("plain ZeRO-3: bf16 gathers, bf16 one-hop reduce-scatter", plain);
+  line("ZeRO++: qwZ int8, hpZ, qgZ int4", zpp);
+  int best = -1;
+  for (std::size_t k = 0; k < runs.size(); ++k) {
+    line(kLowBit[k].name, runs[k]);
+    const double b = static_cast<double>(runs[k].steps.back().total().inter);
+    const double rel = std::fabs(runs[k].final_eval - lp) / lp;
+    if (b > 0 && bp / b >= kLowBitRatio &&
+        (best < 0 || rel < std::fabs(runs[static_cast<std::size_t>(best)].final_eval - lp) / lp))
+      best = static_cast<int>(k);
+  }
+  const bool pass =
+      best >= 0 && std::fabs(runs[static_cast<std::size_t>(best)].final_eval - lp) / lp <= kLowBitTolerance;
+  std::printf("  result                %s: %s%s\n", pass ? "PASS" : "FAIL",
+              best >= 0 ? kLowBit[best].name : "no configuration sends 8x fewer bytes",
+              pass ? " sends at least 8x fewer cross-node bytes than plain, final loss within 1%" : "");
+  return pass ? 0 : 1;
+}
+
 void print_start(const Options& o, bool mpi) {
   const DemoConfig& c = o.config;
   std::printf(
@@ -256,7 +316,17 @@ int run_local(const Options& o) {
   std::printf("training ZeRO++ ...\n");
   std::fflush(stdout);
   const RunResult zpp = qcoll_demo::train_local(o.config, o.zeropp);
-  return report(o, plain, zpp);
+  int status = report(o, plain, zpp);
+  if (o.low_bit) {
+    std::vector<RunResult> runs;
+    for (const LowBit& l : kLowBit) {
+      std::printf("training %s ...\n", l.name);
+      std::fflush(stdout);
+      runs.push_back(qcoll_demo::train_local(o.config, l.techniques));
+    }
+    status |= report_low_bit(plain, zpp, runs);
+  }
+  return status;
 }
 
 #if QCOLL_HAVE_MPI
@@ -288,12 +358,14 @@ int run_mpi(Options o) {
       std::fflush(stdout);
     }
     const RunResult zpp = qcoll_demo::train_rank(world, topo, o.config, o.zeropp);
-    // Every rank holds the same losses, so every rank reaches the same verdict.
-    if (rank == 0) {
-      status = report(o, plain, zpp);
-    } else {
-      status = std::fabs(zpp.final_eval - plain.final_eval) / plain.final_eval <= kTolerance ? 0 : 1;
-    }
+    std::vector<RunResult> runs;
+    if (o.low_bit)
+      for (const LowBit& l : kLowBit)
+        runs.push_back(qcoll_demo::train_rank(world, topo, o.config, l.techniques));
+    // Every rank holds the same losses, so every rank reaches the same verdict (rank 0 prints it).
+    if (rank != 0) std::freopen("/dev/null", "w", stdout);
+    status = report(o, plain, zpp);
+    if (o.low_bit) status |= report_low_bit(plain, zpp, runs);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "demo: error: %s\n", e.what());
     MPI_Abort(MPI_COMM_WORLD, 3);

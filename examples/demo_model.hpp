@@ -1,10 +1,12 @@
 #pragma once
 // The demo's training job: a small MLP regressing a fixed random "teacher" network, trained with
 // ZeRO-3-style sharding (fp32 master weights and Adam state sharded over the ranks, bf16 weights
-// and gradients on the wire), once with plain collectives and once with ZeRO++ (qwZ, hpZ, qgZ).
+// and gradients on the wire) with plain collectives, with ZeRO++ (qwZ, hpZ, qgZ), and with the
+// low-bit techniques beyond it (error feedback, Hadamard rotation, ZeRO-2 with qWD).
 // examples/demo.cpp is the command-line front end; tests/unit/test_demo.cpp calls train_local().
 
 #include <qcoll/collective/all_gather.hpp>
+#include <qcoll/collective/delta_all_gather.hpp>
 #include <qcoll/collective/hpz.hpp>
 #include <qcoll/collective/reduce_scatter.hpp>
 #include <qcoll/core/half.hpp>
@@ -48,11 +50,16 @@ struct DemoConfig {
   int eval_samples = 512;  //!< held-out samples for the initial / final evaluation
 };
 
-//! Which ZeRO++ techniques a run uses; all off is plain ZeRO-3.
+//! Which techniques a run uses; all off is plain ZeRO-3.
 struct Techniques {
-  bool qwz = false;  //!< int8 forward weight all-gather (else bf16)
-  bool hpz = false;  //!< backward weight gather from the node-local secondary shard (else all-gather)
-  bool qgz = false;  //!< int4 two-hop gradient reduce-scatter (else bf16, one hop)
+  bool qwz = false;       //!< int8 forward weight all-gather (else bf16)
+  bool hpz = false;       //!< backward weight gather from the node-local secondary shard (else all-gather)
+  bool qgz = false;       //!< int4 two-hop gradient reduce-scatter (else bf16, one hop)
+  bool feedback = false;  //!< error feedback on both qgZ hops (fp32 residuals)
+  bool hadamard = false;  //!< Hadamard rotation (span = block) on both qgZ hops and on an int4 qwZ
+  bool qwz4 = false;      //!< qwZ in int4 instead of int8
+  bool zero2 = false;     //!< ZeRO-2: every rank keeps all weights (bf16), updated after each step by a
+                          //!< qWD int4 all-gather of weight differences; no weight gathers (qwz/hpz unused)
 };
 
 //! Returns "" when the configuration is usable, else a message naming the bad field.
@@ -91,10 +98,11 @@ struct StepStats {
   Bytes forward;       //!< forward weight gather
   Bytes backward;      //!< backward weight gather
   Bytes gradient;      //!< gradient reduce-scatter
+  Bytes update;        //!< weight-update all-gather (ZeRO-2 with qWD)
   double seconds = 0;  //!< wall time of the step (all ranks run concurrently)
   Bytes total() const {
-    return Bytes{forward.intra + backward.intra + gradient.intra,
-                 forward.inter + backward.inter + gradient.inter};
+    return Bytes{forward.intra + backward.intra + gradient.intra + update.intra,
+                 forward.inter + backward.inter + gradient.inter + update.inter};
   }
 };
 
@@ -341,15 +349,28 @@ RunResult train_rank(Transport& world, const qcoll::Topology& topo, const DemoCo
   // Plans, built collectively in the same order on every rank. `metrics` carries the loss values
   // and the evaluation weights, so its traffic stays out of the training counters.
   Sub metrics = world.split(0, r);
-  qcoll::QuantizedAllGather<bfloat16, FwdF, Transport> gather(world, layout);
+  // Hadamard rotation over a whole block (span 2^8 = kBlock), the same seed on every rank.
+  const qcoll::Rotation rotation{tech.hadamard ? 8u : 0u, c.seed + 5};
+  static_assert(kBlock == 256, "the rotation spans one block");
+  qcoll::QuantizedAllGather<bfloat16, FwdF, Transport> gather(
+      world, layout,
+      qcoll::HopOptions{qcoll::Rounding::nearest, 0, tech.qwz4 ? rotation : qcoll::Rotation{}});
   std::optional<qcoll::SecondaryShard<bfloat16, qcoll::Identity<bfloat16>, Transport>> hpz;
-  if (tech.hpz) hpz.emplace(world, topo, layout);
+  if (tech.hpz && !tech.zero2) hpz.emplace(world, topo, layout);
   // Gradients are rounded to nearest: with Adam, stochastic rounding's extra variance inflates the
   // second moment and slows training more than nearest rounding's bias does.
-  qcoll::QuantizedReduceScatter<bfloat16, GradF1, GradF2, Transport> reduce(world, topo, layout,
-                                                                            qcoll::Reduce::mean, hops);
-  Workspace ws(std::max(
-      {gather.workspace_bytes(), hpz ? hpz->workspace_bytes() : std::size_t{0}, reduce.workspace_bytes()}));
+  const qcoll::HopOptions grad_hop{qcoll::Rounding::nearest, 0, tech.qgz ? rotation : qcoll::Rotation{}};
+  qcoll::QuantizedReduceScatter<bfloat16, GradF1, GradF2, Transport> reduce(
+      world, topo, layout, qcoll::Reduce::mean, hops, qcoll::ReduceScatterOptions{grad_hop, grad_hop});
+  // ZeRO-2: the weight-difference all-gather keeping every rank's replica of the weights.
+  std::optional<qcoll::DeltaAllGather<bfloat16, qcoll::Int4<kBlock>, Transport>> qwd;
+  if (tech.zero2) qwd.emplace(world, layout);
+  Workspace ws(
+      std::max({gather.workspace_bytes(), hpz ? hpz->workspace_bytes() : std::size_t{0},
+                reduce.workspace_bytes(), qwd ? qwd->workspace_bytes() : std::size_t{0},
+                qwd ? qwd->template resync_workspace_bytes<qcoll::Identity<bfloat16>>() : std::size_t{0}}));
+  Workspace residual(tech.feedback ? reduce.residual_bytes() : 0);
+  if (tech.feedback) reduce.init_residual(residual.data(), residual.size());
 
   // fp32 master shard and Adam state, all sharded.
   std::vector<float> master(S, 0.0f), m(S, 0.0f), v(S, 0.0f);
@@ -357,7 +378,7 @@ RunResult train_rank(Transport& world, const qcoll::Topology& topo, const DemoCo
     const std::vector<float> init = model.init(c.seed, 0.5f);
     for (std::size_t i = 0; i < valid; ++i) master[i] = init[off + i];
   }
-  std::vector<bfloat16> shard(S), full(P), grad16(P), grad_shard(S);
+  std::vector<bfloat16> shard(S), full(P), grad16(P), grad_shard(S), replica(tech.zero2 ? P : 0);
   std::vector<float> weights(P), grad(P, 0.0f), x, t;
   std::vector<std::vector<float>> acts;
 
@@ -405,6 +426,10 @@ RunResult train_rank(Transport& world, const qcoll::Topology& topo, const DemoCo
   auto minus = [](Bytes a, Bytes b) { return Bytes{a.intra - b.intra, a.inter - b.inter}; };
 
   res.initial_eval = evaluate();
+  if (qwd) {  // every replica starts as the initial weights, exactly (set-up, not a training step)
+    for (std::size_t i = 0; i < S; ++i) shard[i] = qcoll::from_float<bfloat16>(master[i]);
+    qwd->template resync<qcoll::Identity<bfloat16>>(shard.data(), replica.data(), ws.data(), ws.size());
+  }
   const double b1 = 0.9, b2 = 0.999, eps = 1e-8;
   for (int step = 0; step < c.steps; ++step) {
     StepStats st;
@@ -413,11 +438,12 @@ RunResult train_rank(Transport& world, const qcoll::Topology& topo, const DemoCo
     world.reset_counters();
 
     // Forward: gather the weights (qwZ or bf16), keep the hpZ secondary shard, run the model.
+    // ZeRO-2: the replica is the weights.
     for (std::size_t i = 0; i < S; ++i) shard[i] = qcoll::from_float<bfloat16>(master[i]);
-    gather(shard.data(), full.data(), ws.data(), ws.size());
+    if (!qwd) gather(shard.data(), full.data(), ws.data(), ws.size());
     st.forward = snapshot();
     if (hpz) hpz->capture(full.data(), static_cast<std::uint64_t>(step));
-    to_float(full, weights);
+    to_float(qwd ? replica : full, weights);
     const std::uint64_t first_id =
         (static_cast<std::uint64_t>(step) * W + r) * static_cast<std::uint64_t>(c.batch);
     task.samples(0, first_id, 1, c.batch, x, t);
@@ -428,17 +454,22 @@ RunResult train_rank(Transport& world, const qcoll::Topology& topo, const DemoCo
     Bytes sub1 = sub_bytes();
     if (hpz)
       hpz->gather(full.data(), static_cast<std::uint64_t>(step), ws.data(), ws.size());
-    else
+    else if (!qwd)
       gather(shard.data(), full.data(), ws.data(), ws.size());
     st.backward = minus(snapshot(), st.forward) + minus(sub_bytes(), sub1);
-    to_float(full, weights);
+    to_float(qwd ? replica : full, weights);
     const double loss = model.loss_and_grad(weights.data(), acts, t.data(), c.batch, grad.data());
 
     // Gradient reduce-scatter (mean over ranks) into this rank's shard.
     const Bytes before_rs = snapshot();
     Bytes sub2 = sub_bytes();
     for (std::size_t i = 0; i < P; ++i) grad16[i] = qcoll::from_float<bfloat16>(grad[i]);
-    reduce(grad16.data(), grad_shard.data(), ws.data(), ws.size());
+    if (tech.feedback) {
+      reduce(grad16.data(), grad_shard.data(), ws.data(), ws.size(),
+             qcoll::ResidualState{residual.data(), residual.size()});
+    } else {
+      reduce(grad16.data(), grad_shard.data(), ws.data(), ws.size());
+    }
     st.gradient = minus(snapshot(), before_rs) + minus(sub_bytes(), sub2);
 
     // Adam on the own shard.
@@ -450,6 +481,13 @@ RunResult train_rank(Transport& world, const qcoll::Topology& topo, const DemoCo
       m[i] = static_cast<float>(b1) * m[i] + static_cast<float>(1.0 - b1) * g;
       v[i] = static_cast<float>(b2) * v[i] + static_cast<float>(1.0 - b2) * g * g;
       master[i] -= c.lr * (m[i] * c1) / (std::sqrt(v[i] * c2) + static_cast<float>(eps));
+    }
+    // ZeRO-2: every replica takes the owners' updated weights, as int4 differences.
+    if (qwd) {
+      const Bytes before_update = snapshot();
+      for (std::size_t i = 0; i < S; ++i) shard[i] = qcoll::from_float<bfloat16>(master[i]);
+      (*qwd)(shard.data(), replica.data(), ws.data(), ws.size());
+      st.update = minus(snapshot(), before_update);
     }
 
     // Global training loss: mean of the ranks' micro-batch losses.
@@ -475,10 +513,15 @@ RunResult train_rank(Transport& world, const qcoll::Topology& topo, const DemoCo
   using Bf16 = qcoll::Identity<bfloat16>;
   using I8 = qcoll::Int8<kBlock>;
   using I4 = qcoll::Int4<kBlock>;
-  if (tech.qwz && tech.qgz) return detail::train_rank<I8, I4, I4>(world, topo, c, tech, Hops::two);
-  if (tech.qwz) return detail::train_rank<I8, Bf16, Bf16>(world, topo, c, tech, Hops::one);
-  if (tech.qgz) return detail::train_rank<Bf16, I4, I4>(world, topo, c, tech, Hops::two);
-  return detail::train_rank<Bf16, Bf16, Bf16>(world, topo, c, tech, Hops::one);
+  const Hops hops = tech.qgz ? Hops::two : Hops::one;
+  if (tech.qgz) {
+    if (tech.qwz4) return detail::train_rank<I4, I4, I4>(world, topo, c, tech, hops);
+    if (tech.qwz) return detail::train_rank<I8, I4, I4>(world, topo, c, tech, hops);
+    return detail::train_rank<Bf16, I4, I4>(world, topo, c, tech, hops);
+  }
+  if (tech.qwz4) return detail::train_rank<I4, Bf16, Bf16>(world, topo, c, tech, hops);
+  if (tech.qwz) return detail::train_rank<I8, Bf16, Bf16>(world, topo, c, tech, hops);
+  return detail::train_rank<Bf16, Bf16, Bf16>(world, topo, c, tech, hops);
 }
 
 //! Node id of every rank: node-major, ranks / nodes ranks per node.

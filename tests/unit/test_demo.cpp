@@ -3,6 +3,7 @@
 
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 
@@ -162,4 +163,27 @@ TEST_CASE("demo: a bad configuration is refused with a message naming the option
   c.lr = -1.0f;
   CHECK(qcoll_demo::validate(c).find("--lr") != std::string::npos);
   CHECK(qcoll_demo::validate(small_config()).empty());
+}
+
+TEST_CASE("demo: ZeRO-2 with qWD learns like plain and sends int4 differences and gradients only") {
+  const DemoConfig c = small_config();
+  const RunResult plain = qcoll_demo::train_local(c, Techniques{});
+  Techniques t;
+  t.qgz = t.feedback = t.hadamard = t.zero2 = true;
+  const RunResult z2 = qcoll_demo::train_local(c, t);
+  CHECK(z2.initial_eval == plain.initial_eval);
+  CHECK(z2.final_eval < z2.initial_eval);
+  INFO("plain " << plain.final_eval << ", ZeRO-2 + qWD " << z2.final_eval);
+  CHECK(std::fabs(z2.final_eval - plain.final_eval) / plain.final_eval <= 0.02);
+  const std::uint64_t W = static_cast<std::uint64_t>(c.ranks), N = static_cast<std::uint64_t>(c.nodes);
+  const std::uint64_t L = W / N;
+  const std::size_t S = z2.shard_numel;
+  using I4 = qcoll::Int4<qcoll_demo::kBlock>;
+  const std::uint64_t chunk = qcoll::packed_bytes<I4>(N * S), slice = qcoll::packed_bytes<I4>(S);
+  for (const auto& s : z2.steps) {
+    check_bytes(z2, "forward", s.forward, 0, 0);  // every rank holds the weights
+    check_bytes(z2, "backward", s.backward, 0, 0);
+    check_bytes(z2, "gradient", s.gradient, (L - 1) * chunk, (N - 1) * slice);
+    check_bytes(z2, "update", s.update, (L - 1) * slice, (W - L) * slice);  // qWD: int4 differences
+  }
 }
