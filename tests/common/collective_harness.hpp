@@ -12,6 +12,9 @@
 #include <qcoll/collective/all_gather.hpp>
 #include <qcoll/collective/hpz.hpp>
 #include <qcoll/collective/reduce_scatter.hpp>
+#include <qcoll/transport/local.hpp>
+
+#include <string>
 
 namespace harness {
 using namespace qcoll;
@@ -170,6 +173,25 @@ inline double rs_bound(double A, int W, int N, int L, int q1, int q2, Hops hops,
   if (op == Reduce::mean) e /= W;
   return e + (std::fabs(result) + e) * (std::ldexp(1.0, -t_bits) + std::ldexp(1.0, -23));
 }
+
+// Runs fn(t) on `world` in-process ranks placed by `ids`; returns each rank's qcoll::Error
+// message, or "no error".
+template <class Fn>
+std::vector<std::string> errors_of(int world, const std::vector<long long>& ids, Fn&& fn) {
+  std::vector<std::string> msg(static_cast<std::size_t>(world));
+  LocalGroup g(world, ids);
+  g.run([&](LocalTransport& t) {
+    try {
+      fn(t);
+      msg[static_cast<std::size_t>(t.rank())] = "no error";
+    } catch (const Error& e) {
+      msg[static_cast<std::size_t>(t.rank())] = e.what();
+    }
+  });
+  return msg;
+}
+
+inline bool has(const std::string& s, const char* part) { return s.find(part) != std::string::npos; }
 
 template <class T>
 constexpr int significand_bits() {

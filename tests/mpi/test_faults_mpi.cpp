@@ -42,8 +42,6 @@ std::string error_of(Fn&& fn) {
   return "no error";
 }
 
-bool has(const std::string& s, const char* part) { return s.find(part) != std::string::npos; }
-
 // A duplicate of MPI_COMM_WORLD with the given error handler (freed by the destructor).
 struct Comm {
   MPI_Comm comm = MPI_COMM_NULL;

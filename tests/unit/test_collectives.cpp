@@ -374,24 +374,6 @@ TEST_CASE("a NaN or Inf on one rank: NaN where it lands, same flag everywhere, n
   CHECK(std::isnan(o1[5][40]));
 }
 
-namespace {
-template <class Fn>
-std::vector<std::string> errors_of(int world, const std::vector<long long>& ids, Fn&& fn) {
-  std::vector<std::string> msg(world);
-  LocalGroup g(world, ids);
-  g.run([&](LocalTransport& t) {
-    try {
-      fn(t);
-      msg[t.rank()] = "no error";
-    } catch (const Error& e) {
-      msg[t.rank()] = e.what();
-    }
-  });
-  return msg;
-}
-bool has(const std::string& s, const char* part) { return s.find(part) != std::string::npos; }
-}  // namespace
-
 TEST_CASE("bad arguments are rejected on every rank before anything is sent") {
   const Shape sh{4, 2, true};
   const auto ids = node_ids(sh);

@@ -160,19 +160,7 @@ TEST_CASE("qWD: different plans, a replica inside the workspace, overlapping buf
   const int W = 4;
   const std::vector<long long> ids = {0, 0, 1, 1};
   const ShardLayout a(1000, W, granule_for(4, {32})), b(999, W, granule_for(4, {32}));
-  auto errors = [&](auto&& fn) {
-    std::vector<std::string> msg(W);
-    LocalGroup g(W, ids);
-    g.run([&](LocalTransport& t) {
-      try {
-        fn(t);
-        msg[t.rank()] = "no error";
-      } catch (const Error& e) {
-        msg[t.rank()] = e.what();
-      }
-    });
-    return msg;
-  };
+  auto errors = [&](auto&& fn) { return errors_of(W, ids, fn); };
   auto msg = errors([&](LocalTransport& t) {
     DeltaAllGather<float, Int4<32>, LocalTransport> p(t, t.rank() == 2 ? b : a);
   });

@@ -53,6 +53,41 @@ std::vector<float> gradient(int s, int t, const ShardLayout& layout) {
   return g;
 }
 
+// Runs T steps of rs on a constant gradient (step 0's), without and with error feedback; writes
+// this rank's mean |error| of the mean delivered gradient into err_plain[me] and err_fb[me], and
+// the largest |mean true value| into big (if not null).
+template <class Plan>
+void mean_errors(Plan& rs, LocalTransport& t, const ShardLayout& layout, int T,
+                 std::vector<double>& err_plain, std::vector<double>& err_fb, double* big) {
+  const int me = t.rank(), W = t.size();
+  const std::size_t S = layout.shard_numel();
+  Workspace ws(rs.workspace_bytes()), state(rs.residual_bytes());
+  rs.init_residual(state.ptr, state.bytes);
+  const std::vector<float> x = gradient(me, 0, layout);
+  std::vector<double> sum_plain(S, 0.0), sum_fb(S, 0.0), truth(S, 0.0);
+  std::vector<float> out(S);
+  for (int step = 0; step < T; ++step) {
+    rs(x.data(), out.data(), ws.ptr, ws.bytes);
+    for (std::size_t i = 0; i < S; ++i) sum_plain[i] += out[i];
+    rs(x.data(), out.data(), ws.ptr, ws.bytes, ResidualState{state.ptr, state.bytes});
+    for (std::size_t i = 0; i < S; ++i) sum_fb[i] += out[i];
+  }
+  for (int s = 0; s < W; ++s) {
+    const std::vector<float> xs = gradient(s, 0, layout);
+    for (std::size_t i = 0; i < S; ++i) truth[i] += T * static_cast<double>(xs[layout.shard_offset(me) + i]);
+  }
+  double ep = 0, ef = 0, m = 0;
+  const std::size_t n = layout.valid_in_shard(me);
+  for (std::size_t i = 0; i < n; ++i) {
+    ep += std::fabs(sum_plain[i] - truth[i]) / T;
+    ef += std::fabs(sum_fb[i] - truth[i]) / T;
+    m = std::max(m, std::fabs(truth[i]) / T);
+  }
+  err_plain[static_cast<std::size_t>(me)] = ep / static_cast<double>(n);
+  err_fb[static_cast<std::size_t>(me)] = ef / static_cast<double>(n);
+  if (big != nullptr) *big = m;
+}
+
 }  // namespace
 
 TEST_CASE("error feedback: delivered sums plus the residuals' change equal the true sums, over 50 steps") {
@@ -151,7 +186,6 @@ TEST_CASE("error feedback: the mean delivered gradient over 50 steps is far more
   // least 10 times below the plain one (T = 50).
   const int W = 8, T = 50;
   const ShardLayout layout(2048, W, granule_for(4, {F::block}));
-  const std::size_t S = layout.shard_numel();
   for (Hops hops : {Hops::one, Hops::two}) {
     std::vector<double> err_plain(W), err_fb(W), bound_fb(W);
     LocalGroup g(W, kIds);
@@ -159,31 +193,8 @@ TEST_CASE("error feedback: the mean delivered gradient over 50 steps is far more
       const int me = t.rank();
       const Topology topo = Topology::from_node_ids(kIds, me);
       RS rs(t, topo, layout, Reduce::sum, hops);
-      Workspace ws(rs.workspace_bytes()), state(rs.residual_bytes());
-      rs.init_residual(state.ptr, state.bytes);
-      const std::vector<float> x = gradient(me, 0, layout);
-      std::vector<double> sum_plain(S, 0.0), sum_fb(S, 0.0), truth(S, 0.0);
-      std::vector<float> out(S);
-      for (int step = 0; step < T; ++step) {
-        rs(x.data(), out.data(), ws.ptr, ws.bytes);
-        for (std::size_t i = 0; i < S; ++i) sum_plain[i] += out[i];
-        rs(x.data(), out.data(), ws.ptr, ws.bytes, ResidualState{state.ptr, state.bytes});
-        for (std::size_t i = 0; i < S; ++i) sum_fb[i] += out[i];
-      }
-      for (int s = 0; s < W; ++s) {
-        const std::vector<float> xs = gradient(s, 0, layout);
-        for (std::size_t i = 0; i < S; ++i)
-          truth[i] += T * static_cast<double>(xs[layout.shard_offset(me) + i]);
-      }
-      double ep = 0, ef = 0, big = 0;
-      for (std::size_t i = 0; i < layout.valid_in_shard(me); ++i) {
-        ep += std::fabs(sum_plain[i] - truth[i]) / T;
-        ef += std::fabs(sum_fb[i] - truth[i]) / T;
-        big = std::max(big, std::fabs(truth[i]) / T);
-      }
-      const double n = static_cast<double>(layout.valid_in_shard(me));
-      err_plain[me] = ep / n;
-      err_fb[me] = ef / n;
+      double big = 0;
+      mean_errors(rs, t, layout, T, err_plain, err_fb, &big);
       // A residual is at most half a step of its block: for int4, absmax(v) / 14 with
       // v = x + e. Inputs are below 3 in magnitude (input_value: 4 uniforms minus 2, times at
       // most 1.5), so |e1| <= (3 + |e1|) / 14, i.e. |e1| <= 3 / 13. A hop-2 partial sum of L
@@ -270,19 +281,7 @@ TEST_CASE("error feedback: a state of another plan, of the wrong size or never i
   const int W = 4;
   const std::vector<long long> ids = {0, 0, 1, 1};
   const ShardLayout a(1000, W, granule_for(4, {F::block})), b(1100, W, granule_for(4, {F::block}));
-  auto errors = [&](auto&& fn) {
-    std::vector<std::string> msg(W);
-    LocalGroup g(W, ids);
-    g.run([&](LocalTransport& t) {
-      try {
-        fn(t);
-        msg[t.rank()] = "no error";
-      } catch (const Error& e) {
-        msg[t.rank()] = e.what();
-      }
-    });
-    return msg;
-  };
+  auto errors = [&](auto&& fn) { return errors_of(W, ids, fn); };
   for (int fault = 0; fault < 4; ++fault) {
     std::vector<float> untouched(W, 0.0f);
     auto msg = errors([&](LocalTransport& t) {
@@ -433,31 +432,19 @@ TEST_CASE("rotation: different seeds or spans are rejected on every rank; a span
   const int W = 4;
   const std::vector<long long> ids = {0, 0, 1, 1};
   const ShardLayout layout(1000, W, granule_for(4, {F::block}));
-  std::vector<std::string> msg(W);
-  LocalGroup g(W, ids);
-  g.run([&](LocalTransport& t) {
+  auto msg = errors_of(W, ids, [&](LocalTransport& t) {
     const Topology topo = Topology::from_node_ids(ids, t.rank());
     const HopOptions h{Rounding::nearest, 0, Rotation{5, t.rank() == 2 ? 8u : 7u}};
-    try {
-      RS rs(t, topo, layout, Reduce::sum, Hops::two, ReduceScatterOptions{h, h});
-    } catch (const Error& e) {
-      msg[t.rank()] = e.what();
-    }
+    RS rs(t, topo, layout, Reduce::sum, Hops::two, ReduceScatterOptions{h, h});
   });
   for (const auto& m : msg) {
-    CHECK(m.find("ranks disagree on the call (rotation: #") != std::string::npos);
-    CHECK(m.find("(ranks 0,1,3) vs #") != std::string::npos);
-    CHECK(m.find("second rotation: #") != std::string::npos);
+    CHECK(has(m, "ranks disagree on the call (rotation: #"));
+    CHECK(has(m, "(ranks 0,1,3) vs #"));
+    CHECK(has(m, "second rotation: #"));
   }
-  msg.assign(W, "");
-  LocalGroup g2(W, ids);
-  g2.run([&](LocalTransport& t) {
-    try {
-      QuantizedAllGather<float, F, LocalTransport> ag(t, layout,
-                                                      HopOptions{Rounding::nearest, 0, Rotation{6, 1}});
-    } catch (const Error& e) {
-      msg[t.rank()] = e.what();
-    }
+  msg = errors_of(W, ids, [&](LocalTransport& t) {
+    QuantizedAllGather<float, F, LocalTransport> ag(t, layout,
+                                                    HopOptions{Rounding::nearest, 0, Rotation{6, 1}});
   });
   for (const auto& m : msg) CHECK(m.find("does not divide the block") != std::string::npos);
 }
@@ -467,33 +454,13 @@ TEST_CASE("rotation and error feedback together: the mean delivered gradient sta
   // carries each step's error, so the sum over T steps is off by the final residuals only, rotated.
   const int W = 8, T = 50;
   const ShardLayout layout(2048, W, granule_for(4, {F::block}));
-  const std::size_t S = layout.shard_numel();
   std::vector<double> err_plain(W), err_fb(W);
   LocalGroup g(W, kIds);
   g.run([&](LocalTransport& t) {
-    const int me = t.rank();
-    const Topology topo = Topology::from_node_ids(kIds, me);
+    const Topology topo = Topology::from_node_ids(kIds, t.rank());
     const HopOptions h{Rounding::nearest, 0, Rotation{5, 3}};
     RS rs(t, topo, layout, Reduce::sum, Hops::two, ReduceScatterOptions{h, h});
-    Workspace ws(rs.workspace_bytes()), state(rs.residual_bytes());
-    rs.init_residual(state.ptr, state.bytes);
-    const std::vector<float> x = gradient(me, 0, layout);
-    std::vector<double> sum_plain(S, 0.0), sum_fb(S, 0.0), truth(S, 0.0);
-    std::vector<float> out(S);
-    for (int step = 0; step < T; ++step) {
-      rs(x.data(), out.data(), ws.ptr, ws.bytes);
-      for (std::size_t i = 0; i < S; ++i) sum_plain[i] += out[i];
-      rs(x.data(), out.data(), ws.ptr, ws.bytes, ResidualState{state.ptr, state.bytes});
-      for (std::size_t i = 0; i < S; ++i) sum_fb[i] += out[i];
-    }
-    for (int s = 0; s < W; ++s) {
-      const std::vector<float> xs = gradient(s, 0, layout);
-      for (std::size_t i = 0; i < S; ++i) truth[i] += T * static_cast<double>(xs[layout.shard_offset(me) + i]);
-    }
-    for (std::size_t i = 0; i < layout.valid_in_shard(me); ++i) {
-      err_plain[me] += std::fabs(sum_plain[i] - truth[i]) / T;
-      err_fb[me] += std::fabs(sum_fb[i] - truth[i]) / T;
-    }
+    mean_errors(rs, t, layout, T, err_plain, err_fb, nullptr);
   });
   for (int r = 0; r < W; ++r) CHECK(err_fb[r] * 10 < err_plain[r]);
 }
