@@ -132,6 +132,10 @@ std::string lanes(unsigned m) {
 
 std::string site(const char* file, int line) { return std::string(file) + ":" + std::to_string(line); }
 
+bool same_site(const char* f1, int l1, const char* f2, int l2) {
+  return l1 == l2 && (f1 == f2 || std::strcmp(f1, f2) == 0);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Fibers and the block scheduler
 // ---------------------------------------------------------------------------------------------
@@ -189,13 +193,14 @@ struct Fiber {
   int line = 0;
   int bar_pred = 0, bar_result = 0;
   std::uint64_t value = 0, result = 0;
+  int arg = 0;  // this lane's source lane, delta or lane mask (may differ between lanes)
   unsigned spins = 0;
 };
 
 struct WarpPending {
   WarpOp op;
   unsigned mask, arrived;
-  int arg, width;
+  int width;
   const char* file;
   int line;
 };
@@ -439,7 +444,7 @@ int block_barrier(BarrierOp op, int predicate, const char* file, int line) {
     b.bar_file = file;
     b.bar_line = line;
     b.bar_acc = op == BarrierOp::sync_and ? 1 : 0;
-  } else if (b.bar_op != op || b.bar_line != line || std::strcmp(b.bar_file, file) != 0) {
+  } else if (b.bar_op != op || !same_site(b.bar_file, b.bar_line, file, line)) {
     fatal(b.where() + ": divergent barriers: " + b.thread_name(me) + " reaches " + bar_name(op) + " at " +
           site(file, line) + " while " + std::to_string(b.bar_count) + " threads wait at " +
           bar_name(b.bar_op) + " at " + site(b.bar_file, b.bar_line));
@@ -495,8 +500,7 @@ std::uint64_t warp_collective(WarpOp op, unsigned mask, std::uint64_t value, int
   WarpPending* p = nullptr;
   for (WarpPending& q : pending)
     if ((q.mask & mask) != 0) {
-      if (q.mask != mask || q.op != op || q.arg != arg || q.width != width || q.line != line ||
-          std::strcmp(q.file, file) != 0)
+      if (q.mask != mask || q.op != op || q.width != width || !same_site(q.file, q.line, file, line))
         fatal(b.where() + ": " + b.thread_name(me) + " calls " + call() + " while lanes " + lanes(q.arrived) +
               " of its warp wait in " + op_name(q.op) + " at " + site(q.file, q.line) + " with mask " +
               hex(q.mask) + (q.op == op && q.line == line ? " (same site, different mask or operand)" : ""));
@@ -504,10 +508,11 @@ std::uint64_t warp_collective(WarpOp op, unsigned mask, std::uint64_t value, int
       break;
     }
   if (p == nullptr) {
-    pending.push_back(WarpPending{op, mask, 0u, arg, width, file, line});
+    pending.push_back(WarpPending{op, mask, 0u, width, file, line});
     p = &pending.back();
   }
   me.value = value;
+  me.arg = arg;
   me.state = FiberState::warp;
   me.file = file;
   me.line = line;
@@ -529,10 +534,10 @@ std::uint64_t warp_collective(WarpOp op, unsigned mask, std::uint64_t value, int
       int src = l;
       const int seg = l & ~(width - 1), pos = l & (width - 1);
       switch (op) {
-        case WarpOp::shfl: src = seg + (arg & (width - 1)); break;
-        case WarpOp::shfl_up: src = pos >= arg ? l - arg : l; break;
-        case WarpOp::shfl_down: src = pos + arg < width ? l + arg : l; break;
-        case WarpOp::shfl_xor: src = ((l ^ arg) & ~(width - 1)) == seg ? (l ^ arg) : l; break;
+        case WarpOp::shfl: src = seg + (f.arg & (width - 1)); break;
+        case WarpOp::shfl_up: src = pos >= f.arg ? l - f.arg : l; break;
+        case WarpOp::shfl_down: src = pos + f.arg < width ? l + f.arg : l; break;
+        case WarpOp::shfl_xor: src = ((l ^ f.arg) & ~(width - 1)) == seg ? (l ^ f.arg) : l; break;
         default: break;
       }
       if (((mask >> src) & 1u) == 0)

@@ -2,17 +2,20 @@
 // line below; a test passes when its pattern appears in the output). `clean` runs the correct
 // version of every kernel here and must pass without a report.
 //
+// clang-format off
 // qcoll-emu-selftest: clean selftest: clean run passed
 // qcoll-emu-selftest: divergent_syncthreads qcoll-emu: .*divergent barriers
-// qcoll-emu-selftest: exited_before_syncthreads qcoll-emu: .*exited.*a barrier every thread of the block must
-// reach qcoll-emu-selftest: missing_syncthreads selftest: wrong block sums qcoll-emu-selftest:
-// shuffle_lane_not_in_mask qcoll-emu: .*__shfl_xor_sync.*which does not name it qcoll-emu-selftest:
-// shuffle_reads_outside_mask qcoll-emu: .*reads lane 16.*not in the mask qcoll-emu-selftest:
-// branch_around_warp_vote qcoll-emu: .*(exited, but lanes|never arrive|while lanes) qcoll-emu-selftest:
-// wrong_stream_order selftest: stale copy qcoll-emu-selftest: missing_graph_dependency selftest: graph replay
-// out of order qcoll-emu-selftest: spin_wait_in_block selftest: spin done qcoll-emu-selftest:
-// launch_bad_config selftest: launch rejected: cudaErrorInvalidConfiguration qcoll-emu-selftest:
-// capture_unsafe_call selftest: capture refused: cudaErrorStreamCaptureUnsupported
+// qcoll-emu-selftest: exited_before_syncthreads qcoll-emu: .*exited while .* threads wait at __syncthreads
+// qcoll-emu-selftest: missing_syncthreads selftest: wrong block sums
+// qcoll-emu-selftest: shuffle_lane_not_in_mask qcoll-emu: .*__shfl_xor_sync.*which does not name it
+// qcoll-emu-selftest: shuffle_reads_outside_mask qcoll-emu: .*reads lane 16.*not in the mask
+// qcoll-emu-selftest: branch_around_warp_vote qcoll-emu: .*exited, but lanes 0-2 wait for it in __any_sync
+// qcoll-emu-selftest: wrong_stream_order selftest: stale copy
+// qcoll-emu-selftest: missing_graph_dependency selftest: graph replay out of order
+// qcoll-emu-selftest: spin_wait_in_block selftest: spin done
+// qcoll-emu-selftest: launch_bad_config selftest: launch rejected: cudaErrorInvalidConfiguration
+// qcoll-emu-selftest: capture_unsafe_call selftest: capture refused: cudaErrorStreamCaptureUnsupported
+// clang-format on
 
 #include <cuda_runtime.h>
 
@@ -95,7 +98,7 @@ __global__ void branch_around_vote(const unsigned* in, unsigned* out) {
 
 // Thread 0 writes a value after a delay; the kernel on a second stream copies it.
 __global__ void slow_write(unsigned* p, unsigned v) {
-  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(200);
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(500);
   while (std::chrono::steady_clock::now() < until) __nanosleep(1000);
   *p = v;
 }
@@ -113,6 +116,12 @@ __global__ void spin_in_block(unsigned* flag) {
     __syncwarp(0x1u);
     f.store(1, cuda::memory_order_release);
   }
+}
+
+// Each lane reads its right neighbour (a per-lane source lane).
+__global__ void rotate(const unsigned* in, unsigned* out) {
+  const unsigned lane = threadIdx.x % 32;
+  out[threadIdx.x] = __shfl_sync(0xffffffffu, in[threadIdx.x], static_cast<int>((lane + 1) % 32));
 }
 
 __global__ void reduce_block(const unsigned* in, unsigned* out) {
@@ -246,6 +255,18 @@ int clean() {
       std::printf("selftest: warp max %u\n", x);
       return 1;
     }
+  {
+    const std::vector<unsigned> h = iota(64);
+    Buf in(64), out(64);
+    CHECK_CUDA(cudaMemcpy(in.p, h.data(), 64 * sizeof(unsigned), cudaMemcpyHostToDevice));
+    rotate<<<1, 64>>>(in.p, out.p);
+    const std::vector<unsigned> r = get(out.p, 64);
+    for (std::size_t i = 0; i < 64; ++i)
+      if (r[i] != h[i / 32 * 32 + (i + 1) % 32]) {
+        std::printf("selftest: rotate by __shfl_sync wrong at %zu\n", i);
+        return 1;
+      }
+  }
   if (!run_stream_order(true) || !run_graph(true)) {
     std::printf("selftest: ordered streams or joined graph wrong\n");
     return 1;
