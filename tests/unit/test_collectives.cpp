@@ -546,6 +546,21 @@ TEST_CASE("ranks that disagree on what they call are told so on every rank, befo
       }
     }
   }
+  SUBCASE("hpZ: a NaN in one node's copy flags that node's gather only (what its ranks receive)") {
+    std::vector<std::uint32_t> flags(sh.world);
+    LocalGroup g(sh.world, ids);
+    g.run([&](LocalTransport& t) {
+      const Topology topo = Topology::from_node_ids(ids, t.rank());
+      SecondaryShard<float, Identity<float, 32>, LocalTransport> hpz(t, topo, a);
+      Workspace ws(hpz.workspace_bytes());
+      std::vector<float> full(a.padded_numel(), 2.0f);
+      if (topo.node() == 1) full[5] = std::nanf("");  // node 1's forward result held a NaN
+      hpz.capture(full.data(), 1);
+      flags[t.rank()] = hpz.gather(full.data(), 1, ws.ptr, ws.bytes);
+    });
+    for (int r = 0; r < sh.world; ++r)
+      CHECK(flags[r] == (Topology::from_node_ids(ids, r).node() == 1 ? kResultNonFinite : 0u));
+  }
   SUBCASE("hpZ: a stale generation on one rank raises on every rank of every node") {
     auto msg = errors_of(sh.world, ids, [&](LocalTransport& t) {
       const Topology topo = Topology::from_node_ids(ids, t.rank());

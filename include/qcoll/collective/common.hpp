@@ -386,17 +386,20 @@ inline GatherPieces carve_gather(void* base, std::size_t message_bytes, int rank
 
 //! Gathers the messages in p.send over `t` and decodes message q (n elements of F) into
 //! out + offset(q): its first valid(q) elements as T, the rest of the n as zero. Checks every
-//! header (and the call's tag). `what` names the senders in errors.
+//! header (and the call's tag). `what` names the senders in errors. Returns the OR of the
+//! messages' kFlagNonFinite.
 template <class F, class T, class Transport, class Offset, class Valid>
-void gather_and_decode(Transport& t, const GatherPieces& p, std::size_t message_bytes, std::size_t n, T* out,
-                       Offset&& offset, Valid&& valid, std::uint64_t tag, const char* function,
-                       const char* what) {
+std::uint32_t gather_and_decode(Transport& t, const GatherPieces& p, std::size_t message_bytes, std::size_t n,
+                                T* out, Offset&& offset, Valid&& valid, std::uint64_t tag,
+                                const char* function, const char* what) {
   t.all_gather(p.send, p.recv, message_bytes);
+  std::uint32_t flags = 0;
   for (int q = 0; q < t.size(); ++q) {
     const unsigned char* msg = p.recv + static_cast<std::size_t>(q) * message_bytes;
-    read_call_header<F>(msg, n, tag, function, what);
+    flags |= read_call_header<F>(msg, n, tag, function, what).flags & kFlagNonFinite;
     decode_slice<F>(msg, n, valid(q), out + offset(q));
   }
+  return flags;
 }
 
 }  // namespace detail

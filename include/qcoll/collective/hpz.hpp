@@ -121,7 +121,6 @@ class SecondaryShard {
     const std::size_t S = secondary_.shard_numel();
     const detail::GatherPieces p = carve(workspace);
     const CallIdentity call = calls_.next();
-    bool nonfinite = false;
     const std::string err = detail::local_check([&] {
       QCOLL_REQUIRE(captured_, fn, "capture()", "never called", "before", "gather()");
       QCOLL_REQUIRE(generation == generation_, fn, "generation", generation,
@@ -134,23 +133,22 @@ class SecondaryShard {
       o.tag = call.hash();
       const T* mine = storage_.data();
       const std::size_t numel = layout_.numel();
-      const auto flags = host::detail::quantize_blocks<F, T>(
+      host::detail::quantize_blocks<F, T>(
           S,
           [&](std::size_t b) {
             return host::detail::BlockSource<T>{mine + b * F::block,
                                                 valid_elements_in(numel, offset + b * F::block, F::block)};
           },
           p.send, o);
-      nonfinite = (flags & kFlagNonFinite) != 0;
     });
-    // Agreed over the world, so that every node hears of a rank's bad argument or disagreement.
-    const std::uint32_t result = detail::agree_on_call(world_, call, err, nonfinite, fn);
+    // Agreed over the world, so that every node hears of a rank's bad argument or disagreement;
+    // the non-finite flag is the node's (what this rank receives), from the message headers.
+    detail::agree_on_call(world_, call, err, false, fn);
     const std::size_t numel = layout_.numel();
-    detail::gather_and_decode<F>(
+    return detail::gather_and_decode<F>(
         intra_, p, message_bytes(), S, full, [this](int j) { return secondary_.shard_offset(j); },
         [&](int j) { return valid_elements_in(numel, secondary_.shard_offset(j), S); }, call.hash(), fn,
         "message from a node peer");
-    return result;
   }
 
   static CallIdentity identity(const ShardLayout& layout, const Topology& topo) {
