@@ -227,7 +227,8 @@ std::size_t all_types(std::string& where) {
 }  // namespace
 
 TEST_CASE("host kernels equal the scalar reference byte for byte: every format, block, type, rounding") {
-  MESSAGE(std::string("kernels: ") + host::kernel_isa());
+  const std::string isa = std::string("kernels: ") + host::kernel_isa();
+  MESSAGE(isa);
   const FormatId ids[] = {FormatId::int8,       FormatId::int4,       FormatId::int8_asym,
                           FormatId::int4_asym,  FormatId::fp8_e4m3,   FormatId::fp8_e5m2,
                           FormatId::mxfp8_e4m3, FormatId::mxfp8_e5m2, FormatId::mxfp6_e2m3,

@@ -57,7 +57,13 @@ typedef char i8x16 __attribute__((vector_size(16)));
 typedef long long i64x2 __attribute__((vector_size(16)));
 
 //! Whether the running processor has what the kernels use.
-inline bool supported() { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c"); }
+inline bool supported() {
+#if defined(__clang__)
+  return __builtin_cpu_supports("avx2");  // Clang has no "f16c" query; AVX2 processors have F16C
+#else
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+#endif
+}
 
 // ---- elementwise helpers ---------------------------------------------------------------------
 
