@@ -315,8 +315,7 @@ struct SliceSource {
 //! out[valid, n).
 template <class F, class T>
 void decode_slice(const void* msg, std::size_t n, std::size_t valid, T* out) {
-  host::detail::decode_message_as<F, T>(
-      msg, n, valid, [](float v) { return from_float<T>(v); }, [out](std::size_t i, T v) { out[i] = v; });
+  host::detail::decode_into<F, T>(msg, n, valid, out);
   for (std::size_t i = valid; i < n; ++i) out[i] = from_float<T>(0.0f);
 }
 
@@ -339,8 +338,7 @@ void sum_messages(const unsigned char* msgs, std::size_t stride, int count, std:
   for (int m = 0; m < count; ++m) {
     const unsigned char* msg = msgs + static_cast<std::size_t>(m) * stride;
     read_call_header<F>(msg, n, tag, function, "received message");
-    host::detail::decode_message<F>(
-        msg, n, [acc](std::size_t i, float v) { acc[i] = fp::add(acc[i], v); }, limit);
+    host::detail::decode_into<F, float, true>(msg, n, limit, acc);
   }
 }
 

@@ -12,15 +12,8 @@
 
 #include "../core/error.hpp"
 #include "../format/message.hpp"
-
-#if !defined(QCOLL_HOST_AVX2_DISPATCH)
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__AVX2__) && !defined(__CUDACC__)
-//! 1: host quantizers pick an AVX2 build of their loops at run time (define to 0 to turn off).
-#define QCOLL_HOST_AVX2_DISPATCH 1
-#else
-#define QCOLL_HOST_AVX2_DISPATCH 0
-#endif
-#endif
+#include "block_stats.hpp"
+#include "simd_avx2.hpp"
 
 QCOLL_NAMESPACE_BEGIN
 namespace host {
@@ -84,107 +77,6 @@ inline void unpack_block(const unsigned char* in, typename F::code_type* c) {
   }
 }
 
-//! Order key of a float's bits: for floats a < b (not NaN), order_key(a) < order_key(b) as signed
-//! integers, with -0 just below +0. It maps the sign-magnitude bits onto two's complement by
-//! flipping the magnitude bits of negative values, so applying it twice gives the bits back.
-inline std::int32_t order_key(std::uint32_t u) {
-  return static_cast<std::int32_t>(u ^ ((0u - (u >> 31)) >> 1));
-}
-
-//! Inverse of order_key.
-inline std::uint32_t order_bits(std::int32_t k) {
-  const auto u = static_cast<std::uint32_t>(k);
-  return u ^ ((0u - (u >> 31)) >> 1);
-}
-
-//! Statistics of x[0, valid) in element order: NaN and ±Inf are left out of absmax, lo and hi
-//! and set nonfinite; of equal extremes the first in element order is kept (so a zero lo or hi
-//! carries the sign of the block's first zero). The reference for block_stats.
-template <class T>
-inline BlockStats block_stats_sequential(const T* x, std::size_t valid) {
-  BlockStats s = stats_empty();
-  float amax = 0.0f, lo = s.lo, hi = s.hi;
-  bool bad = false;
-  for (std::size_t i = 0; i < valid; ++i) {
-    const float v = to_float(x[i]);
-    const bool fin = fp::is_finite(v);
-    bad |= !fin;
-    const float a = fin ? fp::abs(v) : 0.0f;
-    amax = amax > a ? amax : a;
-    lo = (fin && v < lo) ? v : lo;
-    hi = (fin && v > hi) ? v : hi;
-  }
-  return BlockStats{amax, lo, hi, bad};
-}
-
-//! The 16-bit analogues of order_key / order_bits (for the bit patterns of half and bfloat16).
-inline std::int16_t order_key16(std::uint16_t u) {
-  return static_cast<std::int16_t>(u ^ static_cast<std::uint16_t>((0u - (u >> 15)) & 0x7fffu));
-}
-inline std::uint16_t order_bits16(std::int16_t k) {
-  const auto u = static_cast<std::uint16_t>(k);
-  return static_cast<std::uint16_t>(u ^ ((0u - (u >> 15)) & 0x7fffu));
-}
-
-//! If a zero is the block's lo or hi, gives it the sign of the first zero in element order.
-template <class T>
-inline void stats_zero_sign(const T* x, std::size_t valid, BlockStats& s) {
-  if (!(s.lo == 0.0f || s.hi == 0.0f)) return;
-  for (std::size_t i = 0; i < valid; ++i) {
-    const float v = to_float(x[i]);
-    if (v == 0.0f) {
-      s.lo = s.lo == 0.0f ? v : s.lo;
-      s.hi = s.hi == 0.0f ? v : s.hi;
-      return;
-    }
-  }
-}
-
-//! Statistics of x[0, valid); equal to block_stats_sequential. The loop keeps three integer
-//! reductions (largest |x| bits, smallest and largest order key) that the compiler vectorizes, and
-//! that the caller's optimiser drops when its make_meta reads absmax only; 16-bit inputs are
-//! reduced on their own bit patterns (conversion to float is exact and monotone, so it commutes
-//! with max and min). The rare cases redo the work: a block holding NaN/Inf goes through
-//! block_stats_sequential, and a zero lo or hi takes the sign of the first zero. O(valid).
-template <class T>
-inline BlockStats block_stats(const T* x, std::size_t valid) {
-  BlockStats s;
-  if constexpr (sizeof(T) == 2) {
-    // |x| patterns at or above this one are Inf or NaN
-    constexpr std::int16_t inf = std::is_same<T, half>::value ? 0x7c00 : 0x7f80;
-    std::int16_t amax = 0;
-    std::int16_t klo = order_key16(static_cast<std::uint16_t>(inf));
-    std::int16_t khi = order_key16(static_cast<std::uint16_t>(0x8000 | inf));
-    for (std::size_t i = 0; i < valid; ++i) {
-      const std::uint16_t u = x[i].bits;
-      const auto a = static_cast<std::int16_t>(u & 0x7fffu);
-      const std::int16_t k = order_key16(u);
-      amax = a > amax ? a : amax;
-      klo = k < klo ? k : klo;
-      khi = k > khi ? k : khi;
-    }
-    if (amax >= inf) return block_stats_sequential(x, valid);
-    s = BlockStats{to_float(T{static_cast<std::uint16_t>(amax)}), to_float(T{order_bits16(klo)}),
-                   to_float(T{order_bits16(khi)}), false};
-  } else {
-    std::uint32_t umax = 0;
-    std::int32_t klo = order_key(0x7f800000u), khi = order_key(0xff800000u);
-    for (std::size_t i = 0; i < valid; ++i) {
-      const std::uint32_t u = fp::bits(to_float(x[i]));
-      const std::uint32_t a = u & 0x7fffffffu;
-      const std::int32_t k = order_key(u);
-      umax = a > umax ? a : umax;
-      klo = k < klo ? k : klo;
-      khi = k > khi ? k : khi;
-    }
-    if (umax >= 0x7f800000u) return block_stats_sequential(x, valid);
-    s = BlockStats{fp::from_bits(umax), fp::from_bits(order_bits(klo)), fp::from_bits(order_bits(khi)),
-                   false};
-  }
-  stats_zero_sign(x, valid, s);
-  return s;
-}
-
 //! Encodes x[0, valid) as one block (valid <= F::block; lanes past valid get code 0 and are not
 //! part of the statistics), writes its codes and meta bytes, and returns whether it held a
 //! non-finite value. `index0` is the random-stream index of x[0]. Full blocks run loops of
@@ -235,22 +127,32 @@ struct BlockSource {
   std::size_t valid;
 };
 
-//! Message absmax over finite values, for formats with a per-message scale.
-template <class F, class T, class Source>
+//! Message absmax over finite values, for formats with a per-message scale. Simd: full blocks
+//! through the AVX2 reduction (the caller runs on a processor that has it).
+template <class F, class T, bool Simd = false, class Source>
 inline float message_absmax(std::size_t nblocks, Source&& src) {
   float amax = 0.0f;
   for (std::size_t b = 0; b < nblocks; ++b) {
     const BlockSource<T> s = src(b);
-    const float a =
-        s.valid == F::block ? block_stats(s.ptr, F::block).absmax : block_stats(s.ptr, s.valid).absmax;
+    float a = -1.0f;
+#if QCOLL_HOST_AVX2_DISPATCH
+    if constexpr (Simd) {
+      if (s.valid == F::block) a = avx2::block_absmax(s.ptr, F::block);
+    }
+#endif
+    if (a < 0.0f)
+      a = s.valid == F::block ? block_stats(s.ptr, F::block).absmax : block_stats(s.ptr, s.valid).absmax;
     amax = fp::max(amax, a);
   }
   return amax;
 }
 
 //! Writes a message of n elements whose block b reads from src(b) (a BlockSource<T>). The caller
-//! has checked `out` (packed_bytes<F>(n) bytes). Returns the header flags. O(n).
-template <class F, class T, class Source>
+//! has checked `out` (packed_bytes<F>(n) bytes). Returns the header flags. O(n). Simd: full,
+//! finite blocks with nearest rounding go through the AVX2 kernels (the caller runs on a
+//! processor that has AVX2 and F16C); the other blocks, and every block otherwise, through
+//! encode_block.
+template <class F, class T, class Source, bool Simd = false>
 inline std::uint32_t quantize_blocks_impl(std::size_t n, Source&& src, void* out,
                                           const QuantizeOptions& opt) {
   using L = MessageLayout<F>;
@@ -265,15 +167,40 @@ inline std::uint32_t quantize_blocks_impl(std::size_t n, Source&& src, void* out
   std::memset(base + metas_end, 0, L::bytes(n) - metas_end);
   float mscale = 0.0f;
   if constexpr (has_message_scale<F>) {
-    mscale = F::message_scale(message_absmax<F, T>(nb, src));
+    mscale = F::message_scale(message_absmax<F, T, Simd>(nb, src));
     ::qcoll::detail::store_f32(base + L::message_meta_offset, mscale);
   }
   bool bad = false;
-  for (std::size_t b = 0; b < nb; ++b) {
-    const BlockSource<T> s = src(b);
+  unsigned char* const codes = base + L::codes_offset;
+  unsigned char* const metas = base + L::metas_offset(n);
+  const auto encode = [&](std::size_t b, const BlockSource<T>& s) {
     bad |= encode_block<F>(s.ptr, s.valid, mscale, opt, opt.index_base + b * F::block,
-                           base + L::codes_offset + b * L::block_code_bytes,
-                           base + L::metas_offset(n) + b * F::meta_bytes);
+                           codes + b * L::block_code_bytes, metas + b * F::meta_bytes);
+  };
+  for (std::size_t b = 0; b < nb;) {
+#if QCOLL_HOST_AVX2_DISPATCH
+    if constexpr (Simd) {
+      // Groups of full blocks through the kernels; the others (and non-finite blocks) below.
+      constexpr std::size_t group = avx2::group_blocks<F>();
+      const T* ptr[group];
+      std::size_t count = 0;
+      for (; opt.rounding == Rounding::nearest && count < group && b + count < nb; ++count) {
+        const BlockSource<T> s = src(b + count);
+        if (s.valid != F::block) break;
+        ptr[count] = s.ptr;
+      }
+      if (count > 0) {
+        const unsigned left = avx2::encode_full_blocks<F>(ptr, count, mscale, codes + b * L::block_code_bytes,
+                                                          metas + b * F::meta_bytes);
+        for (std::size_t k = 0; k < count; ++k)
+          if (left & (1u << k)) encode(b + k, BlockSource<T>{ptr[k], F::block});
+        b += count;
+        continue;
+      }
+    }
+#endif
+    encode(b, src(b));
+    ++b;
   }
   MessageHeader h = make_header<F>(n, opt.tag);
   h.flags = bad ? kFlagNonFinite : 0u;
@@ -282,23 +209,29 @@ inline std::uint32_t quantize_blocks_impl(std::size_t n, Source&& src, void* out
 }
 
 #if QCOLL_HOST_AVX2_DISPATCH
-//! quantize_blocks_impl compiled for AVX2 (everything inlined into it, so the loops vectorize 8
-//! wide). Same IEEE operations, no FMA: the same bytes as the baseline build.
+//! quantize_blocks_impl compiled for AVX2 with everything inlined into it, for formats without
+//! AVX2 kernels (the identity formats). Same IEEE operations, no FMA: the same bytes as the
+//! portable build.
 template <class F, class T, class Source>
-__attribute__((target("avx2"), flatten)) std::uint32_t quantize_blocks_avx2(std::size_t n, Source&& src,
-                                                                            void* out,
-                                                                            const QuantizeOptions& opt) {
+QCOLL_AVX2 __attribute__((flatten)) std::uint32_t quantize_blocks_avx2(std::size_t n, Source&& src, void* out,
+                                                                       const QuantizeOptions& opt) {
   return quantize_blocks_impl<F, T>(n, src, out, opt);
 }
 #endif
 
 //! Writes a message of n elements whose block b reads from src(b) (a BlockSource<T>). The caller
-//! has checked `out` (packed_bytes<F>(n) bytes). Returns the header flags. O(n). On x86-64 builds
-//! without -mavx2 it runs an AVX2 build of the same code when the processor has AVX2.
+//! has checked `out` (packed_bytes<F>(n) bytes). Returns the header flags. O(n). On x86-64 it
+//! runs the AVX2 kernels when the processor has AVX2 and F16C.
 template <class F, class T, class Source>
 inline std::uint32_t quantize_blocks(std::size_t n, Source&& src, void* out, const QuantizeOptions& opt) {
 #if QCOLL_HOST_AVX2_DISPATCH
-  if (__builtin_cpu_supports("avx2")) return quantize_blocks_avx2<F, T>(n, src, out, opt);
+  if (avx2::supported()) {
+    if constexpr (avx2::has_kernels<F>()) {
+      return quantize_blocks_impl<F, T, Source&, true>(n, src, out, opt);
+    } else {
+      return quantize_blocks_avx2<F, T>(n, src, out, opt);
+    }
+  }
 #endif
   return quantize_blocks_impl<F, T>(n, src, out, opt);
 }
@@ -425,9 +358,9 @@ inline void decode_message_as_impl(const void* msg, std::size_t n, std::size_t l
 #if QCOLL_HOST_AVX2_DISPATCH
 //! decode_message_as_impl compiled for AVX2 (see quantize_blocks_avx2).
 template <class F, class V, class Convert, class Store>
-__attribute__((target("avx2"), flatten)) void decode_message_as_avx2(const void* msg, std::size_t n,
-                                                                     std::size_t limit, Convert&& convert,
-                                                                     Store&& store) {
+QCOLL_AVX2 __attribute__((flatten)) void decode_message_as_avx2(const void* msg, std::size_t n,
+                                                                std::size_t limit, Convert&& convert,
+                                                                Store&& store) {
   decode_message_as_impl<F, V>(msg, n, limit, convert, store);
 }
 #endif
@@ -438,7 +371,7 @@ template <class F, class V, class Convert, class Store>
 inline void decode_message_as(const void* msg, std::size_t n, std::size_t limit, Convert&& convert,
                               Store&& store) {
 #if QCOLL_HOST_AVX2_DISPATCH
-  if (__builtin_cpu_supports("avx2")) return decode_message_as_avx2<F, V>(msg, n, limit, convert, store);
+  if (avx2::supported()) return decode_message_as_avx2<F, V>(msg, n, limit, convert, store);
 #endif
   decode_message_as_impl<F, V>(msg, n, limit, convert, store);
 }
@@ -451,6 +384,79 @@ inline void decode_message(const void* msg, std::size_t n, Sink&& sink, std::siz
       msg, n, limit, [](float v) { return v; }, sink);
 }
 
+//! Decodes values [0, limit) of a checked message of n elements into out[0, limit) as V
+//! (from_float<V> of each value), or, when Acc (V = float), adds them: out[i] = fp::add(out[i],
+//! value i). Simd: full blocks through the AVX2 kernels (the caller runs on a processor that has
+//! them), the rest through decode_block; otherwise the portable decode_message_as_impl.
+template <class F, class V, bool Acc, bool Simd = false>
+inline void decode_into_impl(const void* msg, std::size_t n, std::size_t limit, V* out) {
+  static_assert(!Acc || std::is_same<V, float>::value, "accumulation is in fp32");
+  const auto put = [out](std::size_t i, V v) {
+    if constexpr (Acc) {
+      out[i] = fp::add(out[i], v);
+    } else {
+      out[i] = v;
+    }
+  };
+  const auto convert = [](float v) { return from_float<V>(v); };
+#if QCOLL_HOST_AVX2_DISPATCH
+  if constexpr (Simd) {
+    using L = MessageLayout<F>;
+    const auto* base = static_cast<const unsigned char*>(msg);
+    float mscale = 0.0f;
+    if constexpr (has_message_scale<F>) mscale = ::qcoll::detail::load_f32(base + L::message_meta_offset);
+    // Outputs far beyond the caches are written with non-temporal stores (as memcpy does).
+    const bool stream = !Acc && limit * sizeof(V) >= (std::size_t{16} << 20) &&
+                        reinterpret_cast<std::uintptr_t>(out) % 16 == 0;
+    constexpr auto sink = Acc ? avx2::Sink::add : avx2::Sink::store;
+    for (std::size_t b = 0; b < L::blocks(limit); ++b) {
+      const std::size_t first = b * F::block;
+      const unsigned char* codes = base + L::codes_offset + b * L::block_code_bytes;
+      const unsigned char* meta = base + L::metas_offset(n) + b * F::meta_bytes;
+      if (limit - first >= F::block) {
+        if (stream) {
+          avx2::decode_full_block<F, V, avx2::Sink::stream>(codes, meta, mscale, out + first);
+        } else {
+          avx2::decode_full_block<F, V, sink>(codes, meta, mscale, out + first);
+        }
+      } else {
+        decode_block<F>(codes, meta, mscale, limit - first,
+                        [&](std::size_t i, float v) { put(first + i, convert(v)); });
+      }
+    }
+    if (stream) avx2::fence();
+  } else
+#endif
+  {
+    decode_message_as_impl<F, V>(msg, n, limit, convert, put);
+  }
+}
+
+//! Decodes values [0, limit) of a checked message of n elements into out[0, limit) as V, or adds
+//! them to fp32 accumulators when Acc (see decode_into_impl). AVX2 kernels where the processor
+//! has them. O(limit).
+template <class F, class V, bool Acc = false>
+inline void decode_into(const void* msg, std::size_t n, std::size_t limit, V* out) {
+#if QCOLL_HOST_AVX2_DISPATCH
+  if constexpr (avx2::has_kernels<F>()) {
+    if (avx2::supported()) return decode_into_impl<F, V, Acc, true>(msg, n, limit, out);
+  } else {
+    if (avx2::supported()) {
+      return decode_message_as_avx2<F, V>(
+          msg, n, limit, [](float v) { return from_float<V>(v); },
+          [out](std::size_t i, V v) {
+            if constexpr (Acc) {
+              out[i] = fp::add(out[i], v);
+            } else {
+              out[i] = v;
+            }
+          });
+    }
+  }
+#endif
+  decode_into_impl<F, V, Acc>(msg, n, limit, out);
+}
+
 //! Reads and checks a message header.
 template <class F>
 inline MessageHeader read_header(const void* msg, std::size_t n, const char* function, const char* what) {
@@ -461,6 +467,14 @@ inline MessageHeader read_header(const void* msg, std::size_t n, const char* fun
 }
 
 }  // namespace detail
+
+//! The instruction set the host kernels run with on this processor, e.g. "AVX2" or "portable".
+inline const char* kernel_isa() {
+#if QCOLL_HOST_AVX2_DISPATCH
+  if (detail::avx2::supported()) return "AVX2+F16C";
+#endif
+  return "portable";
+}
 
 //! Quantizes in[0, n) into one packed message at `out` (out_bytes >= packed_bytes<F>(n)).
 //! Returns the bytes written (packed_bytes<F>(n)). Blocks holding NaN/Inf get a NaN scale and set
@@ -494,8 +508,7 @@ std::uint32_t dequantize(const void* msg, std::size_t msg_bytes, T* out, std::si
   QCOLL_REQUIRE(msg_bytes >= need, "host::dequantize", "msg_bytes", msg_bytes, "is below the required", need);
   QCOLL_REQUIRE(out != nullptr || n == 0, "host::dequantize", "out", "null", "with n =", n);
   const MessageHeader h = detail::read_header<F>(msg, n, "host::dequantize", "msg");
-  detail::decode_message_as<F, T>(
-      msg, n, n, [](float v) { return from_float<T>(v); }, [out](std::size_t i, T v) { out[i] = v; });
+  detail::decode_into<F, T>(msg, n, n, out);
   return h.flags;
 }
 
@@ -510,8 +523,7 @@ std::uint32_t dequantize_accumulate(const void* msg, std::size_t msg_bytes, floa
                 "is below the required", need);
   QCOLL_REQUIRE(acc != nullptr || n == 0, "host::dequantize_accumulate", "acc", "null", "with n =", n);
   const MessageHeader h = detail::read_header<F>(msg, n, "host::dequantize_accumulate", "msg");
-  detail::decode_message<F>(
-      msg, n, [acc](std::size_t i, float v) { acc[i] = fp::add(acc[i], v); }, n);
+  detail::decode_into<F, float, true>(msg, n, n, acc);
   return h.flags;
 }
 

@@ -1,0 +1,563 @@
+#pragma once
+//! \file
+//! AVX2 block kernels of the host quantizers (x86-64; GCC 12+ or Clang). host/quantize.hpp runs
+//! them when the processor has AVX2 and F16C, and the portable loops otherwise.
+//!
+//! One pass per block: the block's statistics are reduced in vector registers, its meta computed
+//! with the format's own scalar make_meta, and the block (still in L1) encoded eight elements at a
+//! time and packed to 8, 6 or 4 bits in registers. Decoding unpacks codes straight into 32-bit
+//! lanes. Every vector step is the IEEE operation (or integer bit manipulation) that the format's
+//! scalar function performs, in the same order, so the bytes are those of the portable loops.
+//!
+//! Written with the compilers' vector extensions and a few x86 builtins instead of <immintrin.h>,
+//! whose parsing alone would cost every includer about half a second.
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#include "../format/format.hpp"
+#include "block_stats.hpp"
+
+#if !defined(QCOLL_HOST_AVX2_DISPATCH)
+#if defined(__x86_64__) && !defined(__CUDACC__) && \
+    (defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 12))
+//! 1: host quantizers run AVX2 kernels where the processor has AVX2 and F16C (define to 0 to turn
+//! off; then they run the portable loops).
+#define QCOLL_HOST_AVX2_DISPATCH 1
+#else
+#define QCOLL_HOST_AVX2_DISPATCH 0
+#endif
+#endif
+
+#if QCOLL_HOST_AVX2_DISPATCH
+//! Marks a function compiled for AVX2 + F16C.
+#define QCOLL_AVX2 __attribute__((target("avx2,f16c")))
+//! Marks an AVX2 helper that is always inlined (only called from QCOLL_AVX2 functions).
+#define QCOLL_AVX2_INLINE inline __attribute__((target("avx2,f16c"), always_inline))
+
+QCOLL_NAMESPACE_BEGIN
+namespace host {
+namespace detail {
+namespace avx2 {
+
+typedef float f32x8 __attribute__((vector_size(32)));
+typedef double f64x4 __attribute__((vector_size(32)));
+typedef int i32x8 __attribute__((vector_size(32)));
+typedef unsigned u32x8 __attribute__((vector_size(32)));
+typedef long long i64x4 __attribute__((vector_size(32)));
+typedef short i16x16 __attribute__((vector_size(32)));
+typedef char i8x32 __attribute__((vector_size(32)));
+typedef float f32x4 __attribute__((vector_size(16)));
+typedef int i32x4 __attribute__((vector_size(16)));
+typedef short i16x8 __attribute__((vector_size(16)));
+typedef unsigned short u16x8 __attribute__((vector_size(16)));
+typedef char i8x16 __attribute__((vector_size(16)));
+typedef long long i64x2 __attribute__((vector_size(16)));
+
+//! Whether the running processor has what the kernels use.
+inline bool supported() {
+#if defined(__clang__)
+  return __builtin_cpu_supports("avx2");  // Clang has no "f16c" query; AVX2 processors have F16C
+#else
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+#endif
+}
+
+// ---- elementwise helpers ---------------------------------------------------------------------
+
+//! m ? a : b per 32-bit lane (m is all ones or all zeros per lane).
+template <class V>
+QCOLL_AVX2_INLINE V sel(i32x8 m, V a, V b) {
+  return (V)(((i32x8)a & m) | ((i32x8)b & ~m));
+}
+QCOLL_AVX2_INLINE i32x8 splat(int v) { return i32x8{} + v; }
+QCOLL_AVX2_INLINE i32x8 vmax(i32x8 a, i32x8 b) { return a > b ? a : b; }
+QCOLL_AVX2_INLINE i32x8 vmin(i32x8 a, i32x8 b) { return a < b ? a : b; }
+//! The largest (Max) or smallest lane, in every lane.
+template <bool Max>
+QCOLL_AVX2_INLINE int reduce(i32x8 v) {
+  i32x8 w = __builtin_shufflevector(v, v, 4, 5, 6, 7, 0, 1, 2, 3);
+  v = Max ? vmax(v, w) : vmin(v, w);
+  w = __builtin_shufflevector(v, v, 2, 3, 0, 1, 6, 7, 4, 5);
+  v = Max ? vmax(v, w) : vmin(v, w);
+  w = __builtin_shufflevector(v, v, 1, 0, 3, 2, 5, 4, 7, 6);
+  v = Max ? vmax(v, w) : vmin(v, w);
+  return v[0];
+}
+//! x > lo ? x : lo and x < hi ? x : hi (NaN x gives lo), as maxps / minps.
+QCOLL_AVX2_INLINE f32x8 clamp(f32x8 x, float lo, float hi) {
+  return __builtin_ia32_minps256(__builtin_ia32_maxps256(x, f32x8{} + lo), f32x8{} + hi);
+}
+QCOLL_AVX2_INLINE i32x8 is_finite(f32x8 v) { return ((i32x8)v & 0x7f800000) != 0x7f800000; }
+
+//! detail::scale_value per lane: v * scale, saturated to ±FLT_MAX when scale is finite and the
+//! product is not.
+//! Sat = false: the caller has checked that it cannot saturate (see may_saturate).
+template <bool Sat>
+QCOLL_AVX2_INLINE f32x8 scale_value(f32x8 v, float scale) {
+  const f32x8 r = v * scale;
+  if constexpr (!Sat) return r;
+  return sel(is_finite(r), r, (f32x8)(((i32x8)r & int(0x80000000u)) | 0x7f7fffff));
+}
+//! Whether scale_value(v, scale) may differ from v * scale for v a decoded code (|v| < 2^16, or
+//! NaN / Inf when the codes have them): only when scale is finite and either large or the codes
+//! can be non-finite.
+inline bool may_saturate(float scale, bool nonfinite_codes) {
+  return fp::is_finite(scale) && (nonfinite_codes || !(fp::abs(scale) < 1.2676506e30f));  // 2^100
+}
+
+//! Eight elements as floats (exact widening).
+QCOLL_AVX2_INLINE f32x8 load(const float* p) {
+  f32x8 v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+//! Zero-extends 8 bytes or 8 16-bit words to 32-bit lanes (vpmovzxbd / vpmovzxwd).
+QCOLL_AVX2_INLINE i32x8 widen_u8(const unsigned char* p) {
+  long long w;
+  std::memcpy(&w, p, 8);
+#if defined(__clang__)
+  typedef unsigned char u8x16 __attribute__((vector_size(16)));
+  const u8x16 b = (u8x16)(i64x2{w, 0});
+  return __builtin_convertvector(__builtin_shufflevector(b, b, 0, 1, 2, 3, 4, 5, 6, 7), i32x8);
+#else
+  return __builtin_ia32_pmovzxbd256((i8x16)(i64x2{w, 0}));
+#endif
+}
+QCOLL_AVX2_INLINE i32x8 widen_u16(const void* p) {
+  i16x8 h;
+  std::memcpy(&h, p, sizeof h);
+#if defined(__clang__)
+  return __builtin_convertvector((u16x8)h, i32x8);
+#else
+  return __builtin_ia32_pmovzxwd256(h);
+#endif
+}
+QCOLL_AVX2_INLINE f32x8 load(const bfloat16* p) { return (f32x8)(widen_u16(p) << 16); }
+QCOLL_AVX2_INLINE f32x8 load(const half* p) {
+  i16x8 h;
+  std::memcpy(&h, p, sizeof h);
+  return __builtin_ia32_vcvtph2ps256(h);
+}
+
+//! Stores eight floats as V (rounded to nearest even, NaN as from_float<V>), or adds them to
+//! eight fp32 accumulators.
+QCOLL_AVX2_INLINE void put(float* p, f32x8 v) { std::memcpy(p, &v, sizeof v); }
+QCOLL_AVX2_INLINE void put(bfloat16* p, f32x8 v) {
+  const u32x8 u = (u32x8)v;
+  const i32x8 nan = ((i32x8)u & 0x7fffffff) > 0x7f800000;
+  const i32x8 r = sel(nan, splat(0x7fff), (i32x8)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16));
+  const i16x8 h = __builtin_ia32_packusdw128(__builtin_shufflevector(r, r, 0, 1, 2, 3),
+                                             __builtin_shufflevector(r, r, 4, 5, 6, 7));
+  std::memcpy(p, &h, sizeof h);
+}
+QCOLL_AVX2_INLINE void put(half* p, f32x8 v) {
+  const i32x8 nan = ((i32x8)v & 0x7fffffff) > 0x7f800000;
+  const i16x8 n16 = __builtin_ia32_packssdw128(__builtin_shufflevector(nan, nan, 0, 1, 2, 3),
+                                               __builtin_shufflevector(nan, nan, 4, 5, 6, 7));
+  const i16x8 h = __builtin_ia32_vcvtps2ph256(v, 0);
+  const i16x8 r = (h & ~n16) | (n16 & 0x7fff);
+  std::memcpy(p, &r, sizeof r);
+}
+QCOLL_AVX2_INLINE void accumulate(float* p, f32x8 v) { put(p, load(p) + v); }
+
+//! What a decoder does with its values: store them as V, store them bypassing the caches
+//! (non-temporal; 16-byte aligned destination, large outputs), or add them to fp32 accumulators.
+enum class Sink { store, stream, add };
+
+//! put(p, v) through a buffer and 16-byte non-temporal stores (p 16-byte aligned).
+template <class V>
+QCOLL_AVX2_INLINE void stream(V* p, f32x8 v) {
+  alignas(32) V tmp[8];
+  put(tmp, v);
+  constexpr std::size_t words = sizeof tmp / 16;
+  for (std::size_t k = 0; k < words; ++k) {
+    i64x2 w;
+    std::memcpy(&w, reinterpret_cast<const unsigned char*>(tmp) + 16 * k, 16);
+#if defined(__clang__)
+    __builtin_nontemporal_store(w, reinterpret_cast<i64x2*>(p) + k);
+#else
+    __builtin_ia32_movntdq(reinterpret_cast<i64x2*>(p) + k, w);
+#endif
+  }
+}
+
+//! Orders the non-temporal stores before later stores (sfence).
+QCOLL_AVX2 inline void fence() { __builtin_ia32_sfence(); }
+
+// ---- block statistics ------------------------------------------------------------------------
+
+//! Statistics of a block of n elements (n a multiple of 8) into s, equal to block_stats; the lo/hi
+//! reductions only when Range. Returns false (s untouched) if the block holds NaN or ±Inf.
+template <bool Range, class T>
+QCOLL_AVX2_INLINE bool stats(const T* x, std::size_t n, BlockStats& s) {
+  i32x8 amax{}, klo = splat(order_key(0x7f800000u)), khi = splat(order_key(0xff800000u));
+  for (std::size_t i = 0; i < n; i += 8) {
+    const i32x8 u = (i32x8)load(x + i);
+    const i32x8 a = u & 0x7fffffff;
+    amax = vmax(a, amax);
+    if constexpr (Range) {
+      const i32x8 k = u ^ (i32x8)((u32x8)(u >> 31) >> 1);
+      klo = vmin(k, klo);
+      khi = vmax(k, khi);
+    }
+  }
+  const int m = reduce<true>(amax);
+  if (m >= 0x7f800000) return false;
+  s = stats_empty();
+  s.absmax = fp::from_bits(static_cast<std::uint32_t>(m));
+  if constexpr (Range) {
+    s.lo = fp::from_bits(order_bits(reduce<false>(klo)));
+    s.hi = fp::from_bits(order_bits(reduce<true>(khi)));
+    stats_zero_sign(x, n, s);
+  }
+  return true;
+}
+
+// ---- minifloat element codecs ------------------------------------------------------------------
+
+//! minifloat::encode<E> per lane (the code in the low bits of each 32-bit lane) for y not NaN
+//! (the kernels encode finite blocks only, whose scaled values are finite or ±Inf).
+template <class E>
+QCOLL_AVX2_INLINE i32x8 minifloat_encode(f32x8 y) {
+  using Fa = minifloat::detail::Facts<E>;
+  constexpr int drop = 23 - E::mbits;
+  const u32x8 b = (u32x8)y;
+  const u32x8 sign = (b >> 31) << (E::bits - 1);
+  const i32x8 ab = (i32x8)(b & 0x7fffffffu);
+  const i32x8 u = ab < static_cast<int>(Fa::max_bits) ? ab : splat(static_cast<int>(Fa::max_bits));
+  const u32x8 rebased = (u32x8)u - Fa::rebias;
+  const u32x8 normal = (rebased + ((1u << (drop - 1)) - 1u) + ((rebased >> drop) & 1u)) >> drop;
+  const i32x8 small = u < static_cast<int>(Fa::min_normal_bits);
+  const f32x8 t = (f32x8)(small & u) + fp::from_bits(Fa::sub_magic_bits);
+  const u32x8 sub = (u32x8)t - Fa::sub_magic_bits;
+  return (i32x8)(sel(small, sub, normal) | sign);
+}
+
+//! minifloat::decode<E> per lane.
+template <class E>
+QCOLL_AVX2_INLINE f32x8 minifloat_decode(i32x8 code) {
+  using Fa = minifloat::detail::Facts<E>;
+  const i32x8 c = code & ((1 << E::bits) - 1);
+  const i32x8 sign = (c >> (E::bits - 1)) << 31;
+  const i32x8 mag = c & ((1 << (E::bits - 1)) - 1);
+  const i32x8 normal = (mag << (23 - E::mbits)) + static_cast<int>((127u - E::bias) << 23);
+  const f32x8 sub = __builtin_convertvector(mag, f32x8) * fp::from_bits(Fa::sub_step_bits);
+  i32x8 out = sel((mag >> E::mbits) != 0, normal, (i32x8)sub) | sign;
+  constexpr int inf_code = ((1 << E::ebits) - 1) << E::mbits;
+  const i32x8 inf = E::has_inf ? (mag == inf_code) : i32x8{};
+  if constexpr (E::has_inf) out = sel(inf, sign | 0x7f800000, out);
+  if constexpr (E::has_nan) out = sel((mag > static_cast<int>(E::max_code)) & ~inf, splat(0x7fffffff), out);
+  return (f32x8)out;
+}
+
+// ---- per-format vector codecs ------------------------------------------------------------------
+
+//! Vector versions of F::encode (Enc, from the block's Meta) and F::decode (Dec). Defined for the
+//! scaled formats; `range` says whether make_meta reads lo and hi.
+template <class F>
+struct Codec {
+  static constexpr bool defined = false;
+};
+
+//! Codes from a value scaled by two factors: minifloats with an fp32 (or E4M3) block scale, MX
+//! minifloats, symmetric integers.
+template <class E, bool Saturating>
+struct MinifloatCodec {
+  static constexpr bool defined = true, range = false, signed_codes = false;
+  struct Enc {
+    float a, b;
+    QCOLL_AVX2_INLINE i32x8 operator()(f32x8 x) const { return minifloat_encode<E>(x * a * b); }
+  };
+  struct Dec {
+    float a, b;  // Saturating: scale_value(v, a); else v * a * b
+    bool saturates() const { return Saturating && may_saturate(a, E::has_nan || E::has_inf); }
+    template <bool Sat>
+    QCOLL_AVX2_INLINE f32x8 apply(i32x8 c) const {
+      const f32x8 v = minifloat_decode<E>(c);
+      if constexpr (Saturating) {
+        return scale_value<Sat>(v, a);
+      } else {
+        return v * a * b;
+      }
+    }
+  };
+};
+
+template <class E, std::size_t K>
+struct Codec<Fp8Scaled<E, K>> : MinifloatCodec<E, true> {
+  using M = typename Fp8Scaled<E, K>::Meta;
+  static typename MinifloatCodec<E, true>::Enc enc(const M& m) { return {m.rcp.pre, m.rcp.inv}; }
+  static typename MinifloatCodec<E, true>::Dec dec(const M& m) { return {m.scale, 1.0f}; }
+};
+template <>
+struct Codec<NvFp4> : MinifloatCodec<minifloat::E2M1, true> {
+  static Enc enc(const NvFp4::Meta& m) { return {m.rcp.pre, m.rcp.inv}; }
+  static Dec dec(const NvFp4::Meta& m) { return {m.scale, 1.0f}; }
+};
+template <class E>
+struct Codec<MxFloat<E>> : MinifloatCodec<E, false> {
+  static typename MinifloatCodec<E, false>::Enc enc(const ::qcoll::detail::MxMeta& m) {
+    return {m.enc_a, m.enc_b};
+  }
+  static typename MinifloatCodec<E, false>::Dec dec(const ::qcoll::detail::MxMeta& m) {
+    return {m.dec_a, m.dec_b};
+  }
+};
+
+//! Integer codes: y = x * a * b * post, rounded to nearest even, clamped to [-q, q]; decoded
+//! as a sign-extended Bits-bit integer times `unit`, then scaled (scale_value for a fp32 block
+//! scale, two exact factors for MX).
+template <unsigned Bits, bool MxScaled>
+struct IntCodec {
+  // codes as signed lanes; the packing keeps their low Bits bits
+  static constexpr bool defined = true, range = false, signed_codes = true;
+  static constexpr int q = Bits == 8 ? 127 : 7;
+  struct Enc {
+    float a, b;
+    QCOLL_AVX2_INLINE i32x8 operator()(f32x8 x) const {
+      if constexpr (MxScaled) {  // MxInt8: rint, then clamp (rint keeps |y| >= 2^23 and NaN)
+        const f32x8 r = __builtin_ia32_roundps256(x * a * b * 64.0f, 8);
+        return __builtin_convertvector(clamp(r, -127.0f, 127.0f), i32x8);
+      } else {  // SymmetricInt: clamp, then round (cvtps2dq rounds to nearest even)
+        return __builtin_ia32_cvtps2dq256(clamp(x * a * b, -float(q), float(q)));
+      }
+    }
+  };
+  struct Dec {
+    float a, b;
+    bool saturates() const { return !MxScaled && may_saturate(a, false); }
+    template <bool Sat>
+    QCOLL_AVX2_INLINE f32x8 apply(i32x8 c) const {
+      const f32x8 v = __builtin_convertvector((c << (32 - Bits)) >> (32 - Bits), f32x8);
+      if constexpr (MxScaled) {
+        return v * 0.015625f * a * b;
+      } else {
+        return scale_value<Sat>(v, a);
+      }
+    }
+  };
+};
+
+template <unsigned B, std::size_t K>
+struct Codec<SymmetricInt<B, K>> : IntCodec<B, false> {
+  using M = typename SymmetricInt<B, K>::Meta;
+  static typename IntCodec<B, false>::Enc enc(const M& m) { return {m.rcp.pre, m.rcp.inv}; }
+  static typename IntCodec<B, false>::Dec dec(const M& m) { return {m.scale, 1.0f}; }
+};
+template <>
+struct Codec<MxInt8> : IntCodec<8, true> {
+  static Enc enc(const ::qcoll::detail::MxMeta& m) { return {m.enc_a, m.enc_b}; }
+  static Dec dec(const ::qcoll::detail::MxMeta& m) { return {m.dec_a, m.dec_b}; }
+};
+
+//! Asymmetric integers: the scalar double arithmetic, four lanes at a time.
+template <unsigned B, std::size_t K>
+struct Codec<AsymmetricInt<B, K>> {
+  using F = AsymmetricInt<B, K>;
+  static constexpr bool defined = true, range = true, signed_codes = false;
+  struct Enc {
+    double offset, inv;
+    QCOLL_AVX2_INLINE i32x4 half_enc(f32x4 x) const {
+      const f64x4 y = (__builtin_convertvector(x, f64x4) - offset) * inv;
+      const f64x4 r = __builtin_ia32_roundpd256(y, 8);  // drint: nearest even; NaN stays NaN
+      const f64x4 c = __builtin_ia32_minpd256(__builtin_ia32_maxpd256(r, f64x4{}), f64x4{} + double(F::qmax));
+      return __builtin_convertvector(c, i32x4);
+    }
+    QCOLL_AVX2_INLINE i32x8 operator()(f32x8 x) const {
+      const i32x4 lo = half_enc(__builtin_shufflevector(x, x, 0, 1, 2, 3));
+      const i32x4 hi = half_enc(__builtin_shufflevector(x, x, 4, 5, 6, 7));
+      return __builtin_shufflevector(lo, hi, 0, 1, 2, 3, 4, 5, 6, 7);
+    }
+  };
+  struct Dec {
+    double offset, scale;
+    QCOLL_AVX2_INLINE f32x4 half_dec(i32x4 c) const {
+      return __builtin_convertvector(offset + __builtin_convertvector(c, f64x4) * scale, f32x4);
+    }
+    bool saturates() const { return false; }
+    template <bool>
+    QCOLL_AVX2_INLINE f32x8 apply(i32x8 c) const {
+      const f32x4 lo = half_dec(__builtin_shufflevector(c, c, 0, 1, 2, 3));
+      const f32x4 hi = half_dec(__builtin_shufflevector(c, c, 4, 5, 6, 7));
+      return __builtin_shufflevector(lo, hi, 0, 1, 2, 3, 4, 5, 6, 7);
+    }
+  };
+  static Enc enc(const typename F::Meta& m) { return {double(m.offset), m.inv}; }
+  static Dec dec(const typename F::Meta& m) { return {double(m.offset), double(m.scale)}; }
+};
+
+// ---- packing -----------------------------------------------------------------------------------
+
+//! Writes 16 codes (one per byte of c, in element order) as Bits-bit codes: 16, 8 or 12 bytes.
+template <unsigned Bits>
+QCOLL_AVX2_INLINE void pack16(i8x16 c, unsigned char* out) {
+  if constexpr (Bits == 8) {
+    std::memcpy(out, &c, 16);
+  } else if constexpr (Bits == 4) {  // byte k = code 2k | code 2k+1 << 4
+    const i16x8 w = (i16x8)c;
+    const i16x8 nib = (w & 0x0f) | ((w >> 4) & 0xf0);
+    const i8x16 p = __builtin_ia32_packuswb128(nib, nib);
+    std::memcpy(out, &p, 8);
+  } else {  // 6 bits: four codes to 24 bits, then 3 bytes of each 32-bit lane
+    static_assert(Bits == 6, "codes of 4, 6 or 8 bits");
+    i32x4 w = (i32x4)c;
+    w = (w & 0x003f003f) | ((w & 0x3f003f00) >> 2);
+    w = (w & 0xfff) | ((w >> 4) & 0xfff000);
+    const i8x16 b = (i8x16)w;
+    const i8x16 p = __builtin_shufflevector(b, b, 0, 1, 2, 4, 5, 6, 8, 9, 10, 12, 13, 14, 0, 0, 0, 0);
+    std::memcpy(out, &p, 12);
+  }
+}
+
+//! Codes of 32-bit lanes to bytes in element order, 2 or 4 vectors at a time: codes in [0, 255],
+//! or (Signed) in [-128, 127], stored as their low byte.
+template <bool Signed>
+QCOLL_AVX2_INLINE i8x16 bytes16(i32x8 c0, i32x8 c1) {
+  const i64x4 p = (i64x4)__builtin_ia32_packssdw256(c0, c1);
+  const i16x16 q = (i16x16)__builtin_shufflevector(p, p, 0, 2, 1, 3);
+  const i16x8 lo = __builtin_shufflevector(q, q, 0, 1, 2, 3, 4, 5, 6, 7);
+  const i16x8 hi = __builtin_shufflevector(q, q, 8, 9, 10, 11, 12, 13, 14, 15);
+  return Signed ? __builtin_ia32_packsswb128(lo, hi) : __builtin_ia32_packuswb128(lo, hi);
+}
+template <bool Signed>
+QCOLL_AVX2_INLINE i8x32 bytes32(i32x8 c0, i32x8 c1, i32x8 c2, i32x8 c3) {
+  const i16x16 lo = __builtin_ia32_packssdw256(c0, c1), hi = __builtin_ia32_packssdw256(c2, c3);
+  const i32x8 b = (i32x8)(Signed ? __builtin_ia32_packsswb256(lo, hi) : __builtin_ia32_packuswb256(lo, hi));
+  return (i8x32)__builtin_shufflevector(b, b, 0, 4, 1, 5, 2, 6, 3, 7);
+}
+
+//! The eight Bits-bit codes of elements [j, j + 8) of a packed block, one per 32-bit lane.
+template <unsigned Bits>
+QCOLL_AVX2_INLINE i32x8 unpack8(const unsigned char* codes, std::size_t j) {
+  if constexpr (Bits == 8) {
+    return widen_u8(codes + j);
+  } else if constexpr (Bits == 4) {
+    std::uint32_t w;
+    std::memcpy(&w, codes + j / 2, 4);
+    return (i32x8)(((u32x8{} + w) >> u32x8{0, 4, 8, 12, 16, 20, 24, 28}) & 0xfu);
+  } else {
+    static_assert(Bits == 6, "codes of 4, 6 or 8 bits");
+    // bytes 0-2 (codes 0-3) into each 32-bit lane of the low half, bytes 3-5 into the high half.
+    // One 8-byte load (a narrower one would stall on store forwarding): its last two bytes may
+    // lie past the block's codes, but still inside the message, whose block metas follow.
+    long long w;
+    std::memcpy(&w, codes + j / 4 * 3, 8);
+    const i8x32 b = (i8x32)(i64x4{} + w);
+    const i8x32 idx = {0, 1, 2, -1, 0, 1, 2, -1, 0, 1, 2, -1, 0, 1, 2, -1,
+                       3, 4, 5, -1, 3, 4, 5, -1, 3, 4, 5, -1, 3, 4, 5, -1};
+    const u32x8 g = (u32x8)__builtin_ia32_pshufb256(b, idx);
+    return (i32x8)((g >> u32x8{0, 6, 12, 18, 0, 6, 12, 18}) & 0x3fu);
+  }
+}
+
+// ---- block kernels -----------------------------------------------------------------------------
+
+//! Whether the kernels below serve format F.
+template <class F>
+constexpr bool has_kernels() {
+  return Codec<F>::defined;
+}
+
+//! Full blocks handled together by encode_full_blocks: enough that their metas' divisions
+//! overlap, few enough that the group (at most 8 KiB of fp32 input) stays in L1 between the
+//! statistics and the encoding.
+template <class F>
+constexpr std::size_t group_blocks() {
+  return F::block >= 2048 ? 1 : (2048 / F::block < 8 ? 2048 / F::block : 8);
+}
+
+//! Encodes `count` <= group_blocks<F>() full blocks (block k at x[k]) with nearest rounding into
+//! their packed codes (codes + k * code bytes) and meta bytes (meta + k * F::meta_bytes), exactly
+//! as encode_block does. Blocks holding NaN or ±Inf are left unwritten and returned as bits of
+//! the result (the caller runs encode_block for them).
+template <class F, class T>
+QCOLL_AVX2 inline unsigned encode_full_blocks(const T* const* x, std::size_t count, float message_scale,
+                                              unsigned char* codes, unsigned char* meta) {
+  using C = Codec<F>;
+  constexpr std::size_t code_bytes = F::block * F::code_bits / 8;
+  // Statistics and metas of the whole group first: the metas' divisions are independent.
+  BlockStats s[group_blocks<F>()];
+  typename F::Meta m[group_blocks<F>()];
+  unsigned skipped = 0;
+  for (std::size_t k = 0; k < count; ++k) {
+    // The block one group ahead (the encode pass of this group then overlaps its loads).
+    const std::uintptr_t ahead =
+        reinterpret_cast<std::uintptr_t>(x[k]) + group_blocks<F>() * sizeof(T) * F::block;
+    for (std::size_t line = 0; line < F::block * sizeof(T); line += 64)
+      __builtin_prefetch(reinterpret_cast<const void*>(ahead + line));
+    if (!stats<C::range>(x[k], F::block, s[k])) {
+      skipped |= 1u << k;
+      continue;
+    }
+    m[k] = F::make_meta(s[k], message_scale);
+    F::store_meta(m[k], meta + k * F::meta_bytes);
+  }
+  for (std::size_t k = 0; k < count; ++k) {
+    if (skipped & (1u << k)) continue;
+    const auto enc = C::enc(m[k]);
+    const T* xk = x[k];
+    unsigned char* ck = codes + k * code_bytes;
+    if constexpr (F::block == 16) {
+      pack16<F::code_bits>(bytes16<C::signed_codes>(enc(load(xk)), enc(load(xk + 8))), ck);
+    } else {
+      for (std::size_t j = 0; j < F::block; j += 32) {
+        const i8x32 b = bytes32<C::signed_codes>(enc(load(xk + j)), enc(load(xk + j + 8)),
+                                                 enc(load(xk + j + 16)), enc(load(xk + j + 24)));
+        unsigned char* out = ck + j * F::code_bits / 8;
+        if constexpr (F::code_bits == 8) {
+          std::memcpy(out, &b, 32);
+        } else {
+          pack16<F::code_bits>(
+              __builtin_shufflevector(b, b, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), out);
+          pack16<F::code_bits>(
+              __builtin_shufflevector(b, b, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31),
+              out + 2 * F::code_bits);
+        }
+      }
+    }
+  }
+  return skipped;
+}
+
+//! Largest |x| over a full block, or -1 if the block holds NaN or ±Inf.
+template <class T>
+QCOLL_AVX2 inline float block_absmax(const T* x, std::size_t n) {
+  BlockStats s;
+  return stats<false>(x, n, s) ? s.absmax : -1.0f;
+}
+
+template <class F, Sink S, bool Sat, class Dec, class V>
+QCOLL_AVX2_INLINE void decode_codes(const Dec& dec, const unsigned char* codes, V* out) {
+  for (std::size_t j = 0; j < F::block; j += 8) {
+    const f32x8 v = dec.template apply<Sat>(unpack8<F::code_bits>(codes, j));
+    if constexpr (S == Sink::add) {
+      accumulate(out + j, v);
+    } else if constexpr (S == Sink::stream) {
+      stream(out + j, v);
+    } else {
+      put(out + j, v);
+    }
+  }
+}
+
+//! Decodes a full block into out[0, F::block) as V, or adds it to fp32 accumulators (Sink::add),
+//! equal to F::decode per element followed by from_float<V> (or fp::add).
+template <class F, class V, Sink S>
+QCOLL_AVX2 inline void decode_full_block(const unsigned char* codes, const unsigned char* meta,
+                                         float message_scale, V* out) {
+  const auto dec = Codec<F>::dec(F::load_meta(meta, message_scale));
+  if (dec.saturates()) {
+    decode_codes<F, S, true>(dec, codes, out);
+  } else {
+    decode_codes<F, S, false>(dec, codes, out);
+  }
+}
+
+}  // namespace avx2
+}  // namespace detail
+}  // namespace host
+QCOLL_NAMESPACE_END
+#endif  // QCOLL_HOST_AVX2_DISPATCH

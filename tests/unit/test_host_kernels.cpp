@@ -1,0 +1,269 @@
+// The host kernels (quantize, dequantize, dequantize_accumulate and the collectives' decode
+// helpers) against a frozen scalar reference written here from the formats' per-element functions:
+// statistics with stats_add in element order, F::make_meta, F::encode / F::encode_sr per element,
+// codes put bit by bit, F::decode per element. Byte for byte, for every format and block size,
+// f32 / bf16 / f16 input, nearest and stochastic rounding, and inputs holding NaN, ±Inf, ±0,
+// subnormals, values near the top of the range, and tails (n not a multiple of the block).
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <qcoll/collective/common.hpp>
+#include <qcoll/format/dispatch.hpp>
+#include <qcoll/host/quantize.hpp>
+
+using namespace qcoll;
+
+namespace {
+
+// ---- the frozen reference ----------------------------------------------------------------------
+
+template <class F>
+std::uint32_t ref_get_code(const unsigned char* codes, std::size_t i) {
+  std::uint32_t v = 0;
+  for (std::size_t k = 0; k < F::code_bits; ++k) {
+    const std::size_t bit = i * F::code_bits + k;
+    v |= static_cast<std::uint32_t>((codes[bit / 8] >> (bit % 8)) & 1u) << k;
+  }
+  return v;
+}
+
+template <class F>
+void ref_put_code(unsigned char* codes, std::size_t i, std::uint32_t code) {
+  for (std::size_t k = 0; k < F::code_bits; ++k) {
+    const std::size_t bit = i * F::code_bits + k;
+    if ((code >> k) & 1u) codes[bit / 8] = static_cast<unsigned char>(codes[bit / 8] | (1u << (bit % 8)));
+  }
+}
+
+template <class F, class T>
+std::vector<unsigned char> ref_quantize(const std::vector<T>& x, const host::QuantizeOptions& opt) {
+  using L = MessageLayout<F>;
+  const std::size_t n = x.size();
+  std::vector<unsigned char> msg(packed_bytes<F>(n), 0);
+  float mscale = 0.0f;
+  if constexpr (has_message_scale<F>) {
+    float amax = 0.0f;
+    for (const T& v : x)
+      if (fp::is_finite(to_float(v))) amax = fp::max(amax, fp::abs(to_float(v)));
+    mscale = F::message_scale(amax);
+    detail::store_f32(msg.data() + L::message_meta_offset, mscale);
+  }
+  bool bad = false;
+  for (std::size_t b = 0; b < L::blocks(n); ++b) {
+    const std::size_t first = b * F::block;
+    const std::size_t valid = std::min<std::size_t>(F::block, n - first);
+    // Finite values only; of equal extremes (+0 and -0) the first in element order is kept.
+    BlockStats s = stats_empty();
+    for (std::size_t i = 0; i < valid; ++i) {
+      const float v = to_float(x[first + i]);
+      if (!fp::is_finite(v)) {
+        s.nonfinite = true;
+        continue;
+      }
+      s.absmax = fp::abs(v) > s.absmax ? fp::abs(v) : s.absmax;
+      s.lo = v < s.lo ? v : s.lo;
+      s.hi = v > s.hi ? v : s.hi;
+    }
+    bad |= s.nonfinite;
+    const typename F::Meta m = F::make_meta(s, mscale);
+    F::store_meta(m, msg.data() + L::metas_offset(n) + b * F::meta_bytes);
+    unsigned char* codes = msg.data() + L::codes_offset + b * L::block_code_bytes;
+    for (std::size_t i = 0; i < valid; ++i) {
+      const float v = to_float(x[first + i]);
+      const std::uint32_t c = opt.rounding == Rounding::nearest
+                                  ? static_cast<std::uint32_t>(F::encode(v, m))
+                                  : static_cast<std::uint32_t>(F::encode_sr(
+                                        v, m, random_bits(opt.seed, opt.index_base + first + i)));
+      ref_put_code<F>(codes, i, c);
+    }
+  }
+  MessageHeader h = make_header<F>(n);
+  h.flags = bad ? kFlagNonFinite : 0u;
+  std::memcpy(msg.data(), &h, sizeof h);
+  return msg;
+}
+
+template <class F>
+float ref_decode(const unsigned char* msg, std::size_t n, std::size_t i) {
+  using L = MessageLayout<F>;
+  float mscale = 0.0f;
+  if constexpr (has_message_scale<F>) mscale = detail::load_f32(msg + L::message_meta_offset);
+  const std::size_t b = i / F::block;
+  const typename F::Meta m = F::load_meta(msg + L::metas_offset(n) + b * F::meta_bytes, mscale);
+  return F::decode(ref_get_code<F>(msg + L::codes_offset + b * L::block_code_bytes, i % F::block), m);
+}
+
+// ---- inputs ------------------------------------------------------------------------------------
+
+enum class Kind { gaussian, specials, zeros, subnormal, huge, constant };
+const Kind kKinds[] = {Kind::gaussian,  Kind::specials, Kind::zeros,
+                       Kind::subnormal, Kind::huge,     Kind::constant};
+
+template <class T>
+std::vector<T> make_input(Kind kind, std::size_t n, std::size_t block, unsigned seed) {
+  std::mt19937_64 g(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const float inf = std::numeric_limits<float>::infinity();
+  const float big = std::is_same<T, half>::value       ? 65504.0f
+                    : std::is_same<T, bfloat16>::value ? bf16_bits_to_float(0x7f7f)
+                                                       : std::numeric_limits<float>::max();
+  const float tiny = std::is_same<T, half>::value ? 3e-6f : 1e-39f;
+  std::vector<T> v(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::size_t blk = i / block;
+    float x = normal(g) * std::ldexp(1.0f, static_cast<int>(blk % 9) - 4);
+    switch (kind) {
+      case Kind::gaussian: break;
+      case Kind::specials:
+        // every third block holds one special at a varying position; others stay finite
+        if (blk % 3 == 1 && i % block == (blk * 7) % block) {
+          const float sp[] = {std::numeric_limits<float>::quiet_NaN(), inf, -inf, -std::nanf("0x123")};
+          x = sp[(blk / 3) % 4];
+        }
+        break;
+      case Kind::zeros:  // signed zeros as extremes: whole blocks of ±0, non-negative and non-positive blocks
+        x = blk % 4 == 0   ? (g() % 2 ? 0.0f : -0.0f)
+            : blk % 4 == 1 ? std::fabs(x) * static_cast<float>(g() % 2)
+            : blk % 4 == 2 ? -std::fabs(x) * static_cast<float>(g() % 2)
+                           : x;
+        if (blk % 4 != 3 && g() % 2) x = -x;
+        if (blk % 4 == 1 && x < 0) x = -0.0f;
+        if (blk % 4 == 2 && x > 0) x = 0.0f;
+        break;
+      case Kind::subnormal: x = normal(g) * tiny; break;
+      case Kind::huge:
+        x = big * std::min(1.0f, std::fabs(normal(g)) / 3.0f) * (g() % 2 ? -1.0f : 1.0f);
+        break;
+      case Kind::constant: x = blk % 2 ? 0.7f : -3.25f; break;
+    }
+    v[i] = from_float<T>(x);
+  }
+  return v;
+}
+
+// Equal bits; for float, two NaNs also count as equal. A NaN code in a block whose scale is NaN
+// decodes to NaN times NaN, and which operand's payload a C++ multiplication keeps is the
+// compiler's choice (the operation is commutative), so no scalar reference can pin it; 16-bit
+// outputs turn every NaN into 0x7fff.
+template <class T>
+bool same(const T& a, const T& b) {
+  if constexpr (std::is_same<T, float>::value) {
+    if (fp::is_nan(a) && fp::is_nan(b)) return true;
+  }
+  return std::memcmp(&a, &b, sizeof(T)) == 0;
+}
+
+// Counts mismatches of every host path against the reference for one (F, T).
+template <class F, class T>
+std::size_t mismatches(std::string& where) {
+  std::size_t bad = 0;
+  const std::size_t sizes[] = {1, F::block - 1, F::block, 2 * F::block + 3, 5 * F::block + F::block / 2 + 1};
+  for (Kind kind : kKinds)
+    for (std::size_t n : sizes)
+      for (Rounding r : {Rounding::nearest, Rounding::stochastic}) {
+        const auto x =
+            make_input<T>(kind, n, F::block, static_cast<unsigned>(n * 31 + static_cast<unsigned>(kind)));
+        host::QuantizeOptions opt;
+        opt.rounding = r;
+        opt.seed = 11;
+        opt.index_base = 5;
+        const std::vector<unsigned char> want = ref_quantize<F>(x, opt);
+        std::vector<unsigned char> got(want.size(), 0xAB);
+        host::quantize<F>(x.data(), n, got.data(), got.size(), opt);
+        const auto note = [&](const char* what) {
+          ++bad;
+          if (where.empty())
+            where = std::string(what) + " " + format_name(F::id) + "/" + std::to_string(F::block) + " " +
+                    dtype_name(dtype_of<T>::value) + " kind " + std::to_string(static_cast<int>(kind)) +
+                    " n " + std::to_string(n);
+        };
+        if (got != want) note("quantize");
+        // The portable loops (what runs without AVX2) against the same reference.
+        std::vector<unsigned char> port(want.size(), 0xCD);
+        host::detail::quantize_blocks_impl<F, T>(
+            n,
+            [&](std::size_t k) {
+              const std::size_t first = k * F::block;
+              return host::detail::BlockSource<T>{x.data() + first,
+                                                  std::min<std::size_t>(F::block, n - first)};
+            },
+            port.data(), opt);
+        if (port != want) note("portable quantize");
+        // Decoding: to T, accumulated into fp32, and the collectives' slice decoder (zeroed tail).
+        std::vector<T> y(n), z(n + 3), yp(n);
+        std::vector<float> acc(n);
+        for (std::size_t i = 0; i < n; ++i) acc[i] = static_cast<float>(i % 5) - 2.0f;
+        const std::vector<float> acc0 = acc;
+        host::dequantize<F>(want.data(), want.size(), y.data(), n);
+        host::detail::decode_into_impl<F, T, false>(want.data(), n, n, yp.data());
+        host::dequantize_accumulate<F>(want.data(), want.size(), acc.data(), n);
+        const std::size_t valid = n - n / 3;
+        detail::decode_slice<F, T>(want.data(), n, valid, z.data());
+        for (std::size_t i = 0; i < n; ++i) {
+          const float d = ref_decode<F>(want.data(), n, i);
+          const T wy = from_float<T>(d);
+          const float wa = fp::add(acc0[i], d);
+          const T wz = i < valid ? wy : from_float<T>(0.0f);
+          if (!same(wy, y[i])) note("dequantize");
+          if (!same(wy, yp[i])) note("portable dequantize");
+          if (!same(wa, acc[i])) note("dequantize_accumulate");
+          if (!same(wz, z[i])) note("decode_slice");
+        }
+      }
+  return bad;
+}
+
+template <class F>
+std::size_t all_types(std::string& where) {
+  return mismatches<F, float>(where) + mismatches<F, bfloat16>(where) + mismatches<F, half>(where);
+}
+
+}  // namespace
+
+TEST_CASE("host kernels equal the scalar reference byte for byte: every format, block, type, rounding") {
+  const std::string isa = std::string("kernels: ") + host::kernel_isa();
+  MESSAGE(isa);
+  const FormatId ids[] = {FormatId::int8,       FormatId::int4,       FormatId::int8_asym,
+                          FormatId::int4_asym,  FormatId::fp8_e4m3,   FormatId::fp8_e5m2,
+                          FormatId::mxfp8_e4m3, FormatId::mxfp8_e5m2, FormatId::mxfp6_e2m3,
+                          FormatId::mxfp6_e3m2, FormatId::mxfp4,      FormatId::mxint8,
+                          FormatId::nvfp4};
+  for (FormatId id : ids) {
+    const bool fixed = id >= FormatId::mxfp8_e4m3;
+    for (std::size_t block = 32; block <= 8192; block *= 2) {
+      if (fixed && block > 32) break;
+      std::string where;
+      const std::size_t bad =
+          dispatch_format(id, fixed ? 0 : block, [&](auto f) { return all_types<decltype(f)>(where); });
+      const std::string info =
+          std::string(format_name(id)) + " block " + std::to_string(block) + ": " + where;
+      INFO(info);
+      CHECK(bad == 0u);
+    }
+  }
+}
+
+TEST_CASE_TEMPLATE("large outputs (non-temporal stores) and unaligned outputs decode like the portable loops",
+                   F, Int8<256>, MxFp6E2M3, NvFp4) {
+  // 5M elements: the fp32 and 16-bit outputs pass the size above which dequantize streams.
+  const std::size_t n = (std::size_t{5} << 20) + 17;
+  const auto x = make_input<float>(Kind::specials, n, F::block, 3);
+  std::vector<unsigned char> msg(packed_bytes<F>(n));
+  host::quantize<F>(x.data(), n, msg.data(), msg.size());
+  std::vector<float> y(n + 1), want(n);
+  host::detail::decode_into_impl<F, float, false>(msg.data(), n, n, want.data());
+  host::dequantize<F>(msg.data(), msg.size(), y.data(), n);
+  CHECK(std::memcmp(y.data(), want.data(), n * sizeof(float)) == 0);
+  host::dequantize<F>(msg.data(), msg.size(), y.data() + 1, n);  // 4-byte aligned only
+  CHECK(std::memcmp(y.data() + 1, want.data(), n * sizeof(float)) == 0);
+  std::vector<bfloat16> b(n), bwant(n);
+  host::detail::decode_into_impl<F, bfloat16, false>(msg.data(), n, n, bwant.data());
+  host::dequantize<F>(msg.data(), msg.size(), b.data(), n);
+  CHECK(std::memcmp(b.data(), bwant.data(), n * sizeof(bfloat16)) == 0);
+}
