@@ -9,6 +9,7 @@
 #include "collective/common.hpp"
 #include "collective/hpz.hpp"
 #include "collective/reduce_scatter.hpp"
+#include "core/checked.hpp"
 #include "core/config.hpp"
 #include "core/error.hpp"
 #include "core/fpmath.hpp"

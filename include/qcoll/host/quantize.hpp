@@ -185,8 +185,9 @@ inline BlockStats block_stats(const T* x, std::size_t valid) {
 }
 
 //! Encodes x[0, valid) as one block (valid <= F::block; lanes past valid get code 0 and are not
-//! part of the statistics), writes its codes and meta bytes, and returns whether it held a
-//! non-finite value. `index0` is the random-stream index of x[0]. Full blocks run loops of
+//! part of the statistics), writes its codes and meta bytes, and returns whether it is
+//! non-finite on the wire (block_nonfinite: a NaN/Inf input, or an Identity<half/bfloat16>
+//! overflow). `index0` is the random-stream index of x[0]. Full blocks run loops of
 //! compile-time length (statistics, then codes into a local array, then packing), which the
 //! compiler unrolls and vectorizes where the format's arithmetic allows.
 template <class F, class T>
@@ -209,7 +210,7 @@ inline bool encode_block(const T* x, std::size_t valid, float message_scale, con
   }
   for (std::size_t i = valid; i < F::block; ++i) c[i] = 0;
   pack_block<F>(c, codes);
-  return s.nonfinite;
+  return block_nonfinite<F>(s);
 }
 
 //! Decodes the first `valid` values of one block and hands each to sink(i, value).
@@ -463,13 +464,16 @@ inline MessageHeader read_header(const void* msg, std::size_t n, const char* fun
 
 //! Quantizes in[0, n) into one packed message at `out` (out_bytes >= packed_bytes<F>(n)).
 //! Returns the bytes written (packed_bytes<F>(n)). Blocks holding NaN/Inf get a NaN scale and set
-//! kFlagNonFinite in the header. Throws qcoll::Error, writing nothing, if in is null with n > 0,
-//! out is null or out_bytes is too small. O(n) time, no allocation.
+//! kFlagNonFinite in the header (so does an Identity<half/bfloat16> overflow). Throws
+//! qcoll::Error, writing nothing, if n > max_count<F>(), in is null with n > 0 or not aligned to
+//! alignof(T), out is null or out_bytes is too small. `out` needs no alignment. O(n) time, no
+//! allocation.
 template <class F, class T>
 std::size_t quantize(const T* in, std::size_t n, void* out, std::size_t out_bytes,
                      const QuantizeOptions& opt = {}) {
-  const std::size_t need = packed_bytes<F>(n);
+  const std::size_t need = checked_packed_bytes<F>(n, "host::quantize", "n");
   QCOLL_REQUIRE(in != nullptr || n == 0, "host::quantize", "in", "null", "with n =", n);
+  check_aligned("host::quantize", "in", in, alignof(T));
   QCOLL_REQUIRE(out != nullptr, "host::quantize", "out", "null", "needs", need << " bytes");
   QCOLL_REQUIRE(out_bytes >= need, "host::quantize", "out_bytes", out_bytes, "is below the required", need);
   detail::quantize_blocks<F, T>(
@@ -484,14 +488,16 @@ std::size_t quantize(const T* in, std::size_t n, void* out, std::size_t out_byte
 
 //! Decodes a message of n elements into out[0, n) (rounded to T, nearest-even). Returns the
 //! header flags (kFlagNonFinite if any block was non-finite). Throws qcoll::Error, writing
-//! nothing, if a pointer is null, msg_bytes < packed_bytes<F>(n), or the header is not F's with n
-//! elements. O(n).
+//! nothing, if n > max_count<F>(), a pointer is null, out is not aligned to alignof(T),
+//! msg_bytes < packed_bytes<F>(n), or the header is not F's with n elements. Reads only
+//! msg[0, packed_bytes<F>(n)), whatever the message holds; `msg` needs no alignment. O(n).
 template <class F, class T>
 std::uint32_t dequantize(const void* msg, std::size_t msg_bytes, T* out, std::size_t n) {
-  const std::size_t need = packed_bytes<F>(n);
+  const std::size_t need = checked_packed_bytes<F>(n, "host::dequantize", "n");
   QCOLL_REQUIRE(msg != nullptr, "host::dequantize", "msg", "null", "needs", need << " bytes");
   QCOLL_REQUIRE(msg_bytes >= need, "host::dequantize", "msg_bytes", msg_bytes, "is below the required", need);
   QCOLL_REQUIRE(out != nullptr || n == 0, "host::dequantize", "out", "null", "with n =", n);
+  check_aligned("host::dequantize", "out", out, alignof(T));
   const MessageHeader h = detail::read_header<F>(msg, n, "host::dequantize", "msg");
   detail::decode_message_as<F, T>(
       msg, n, n, [](float v) { return from_float<T>(v); }, [out](std::size_t i, T v) { out[i] = v; });
@@ -503,11 +509,12 @@ std::uint32_t dequantize(const void* msg, std::size_t msg_bytes, T* out, std::si
 //! and return value as dequantize. O(n).
 template <class F>
 std::uint32_t dequantize_accumulate(const void* msg, std::size_t msg_bytes, float* acc, std::size_t n) {
-  const std::size_t need = packed_bytes<F>(n);
+  const std::size_t need = checked_packed_bytes<F>(n, "host::dequantize_accumulate", "n");
   QCOLL_REQUIRE(msg != nullptr, "host::dequantize_accumulate", "msg", "null", "needs", need << " bytes");
   QCOLL_REQUIRE(msg_bytes >= need, "host::dequantize_accumulate", "msg_bytes", msg_bytes,
                 "is below the required", need);
   QCOLL_REQUIRE(acc != nullptr || n == 0, "host::dequantize_accumulate", "acc", "null", "with n =", n);
+  check_aligned("host::dequantize_accumulate", "acc", acc, alignof(float));
   const MessageHeader h = detail::read_header<F>(msg, n, "host::dequantize_accumulate", "msg");
   detail::decode_message<F>(
       msg, n, [acc](std::size_t i, float v) { acc[i] = fp::add(acc[i], v); }, n);
