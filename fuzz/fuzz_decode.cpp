@@ -27,7 +27,7 @@ void decode(const std::uint8_t* msg, std::size_t bytes, std::size_t n, bool accu
   using namespace qcoll;
   qcoll::MessageHeader h{};
   if (bytes >= sizeof h) std::memcpy(&h, msg, sizeof h);
-  const bool short_message = bytes < packed_bytes<F>(n);
+  const bool short_message = bytes < fuzz::exact_bytes<F>(n);
   if (n > kMaxOutput) {
     if (!short_message) return;  // a caller would need a real output of n elements
     T canary[4] = {};

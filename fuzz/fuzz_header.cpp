@@ -24,6 +24,11 @@ void check_sizes(std::size_t n) {
   using L = MessageLayout<F>;
   constexpr std::size_t kMax = std::numeric_limits<std::size_t>::max();
   const std::size_t bytes = packed_bytes<F>(n);
+  const unsigned __int128 exact = fuzz::exact_bytes<F>(n);
+  // max_count is the largest whole-block count whose size fits: above it a size would not.
+  fuzz::expect(n > max_count<F>() || exact == bytes, "packed_bytes differs from the exact size");
+  fuzz::expect(n <= max_count<F>() || exact + 64 + 2 * F::block > kMax || n > kMax - F::block,
+               "max_count rejects a count whose size fits with room to spare");
   if (n <= max_count<F>()) {
     fuzz::expect(!fuzz::throws_error([&] { checked_packed_bytes<F>(n, "fuzz", "n"); }),
                  "checked_packed_bytes rejects a count within max_count");

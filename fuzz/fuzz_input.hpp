@@ -84,6 +84,17 @@ void with_format(std::uint8_t id, std::uint8_t block_sel, Fn&& fn) {
   }
 }
 
+//! Size of a message of n elements of F computed in 128-bit integers, independently of the
+//! library's 64-bit arithmetic: the oracle the targets compare packed_bytes and buffer sizes to.
+template <class F>
+unsigned __int128 exact_bytes(std::uint64_t n) {
+  using U = unsigned __int128;
+  auto align16 = [](U x) { return (x + 15) / 16 * 16; };
+  const U blocks = (static_cast<U>(n) + F::block - 1) / F::block;
+  const U codes = blocks * (F::block * F::code_bits / 8);
+  return 16 + align16(F::message_meta_bytes) + align16(codes) + align16(blocks * F::meta_bytes);
+}
+
 //! Runs fn and reports whether it threw qcoll::Error (any other exception escapes: a finding).
 template <class Fn>
 bool throws_error(Fn&& fn) {

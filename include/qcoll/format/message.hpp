@@ -111,7 +111,8 @@ QCOLL_HOST_DEVICE constexpr std::size_t packed_bytes(std::size_t n) {
 }
 
 //! packed_bytes<F>(n) after checking n: throws qcoll::Error "qcoll::FUNCTION: argument 'ARGUMENT'
-//! = N exceeds the largest element count of a FORMAT message, LIMIT" if n > max_count<F>(). O(1).
+//! = N exceeds the largest element count of a message of FORMAT/BLOCK, LIMIT" if n >
+//! max_count<F>(). O(1).
 template <class F>
 inline std::size_t checked_packed_bytes(std::size_t n, const char* function, const char* argument) {
   QCOLL_REQUIRE(n <= max_count<F>(), function, argument, n,
