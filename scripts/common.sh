@@ -15,17 +15,26 @@ CTEST_JOBS="${CTEST_JOBS:-1}"
 # Debian packages needed to build and test qcoll. The CUDA toolkit is optional and not installed
 # here; when /usr/local/cuda/bin/nvcc exists the CUDA programs are built as well.
 QCOLL_DEBIAN_PACKAGES=(cmake make g++ doctest-dev libopenmpi-dev openmpi-bin)
+# Additional packages of the checks in scripts/fuzz.sh and scripts/sanitize.sh: clang with
+# libFuzzer (libclang-rt-dev holds libclang_rt.fuzzer) for the fuzz targets; GCC's sanitizer
+# runtimes (libasan, libubsan, libtsan) come with g++.
+# shellcheck disable=SC2034 # used by scripts/fuzz.sh
+QCOLL_CHECK_PACKAGES=(cmake make g++ doctest-dev libopenmpi-dev openmpi-bin clang libclang-rt-dev)
 
-# Installs the packages above that are missing (apt-get update + install, nothing when all are
-# present). Without dpkg/apt-get (not Debian) it only checks that cmake and a C++ compiler exist.
+# Installs the missing packages of the given list (default: QCOLL_DEBIAN_PACKAGES) with apt-get
+# update + install, nothing when all are present. Without dpkg/apt-get (not Debian) it only checks
+# that cmake and a C++ compiler exist.
 qcoll_install_packages() {
+  if ((${#} == 0)); then
+    set -- "${QCOLL_DEBIAN_PACKAGES[@]}"
+  fi
   if ! command -v dpkg-query >/dev/null 2>&1 || ! command -v apt-get >/dev/null 2>&1; then
     command -v cmake >/dev/null 2>&1 || { echo "error: cmake not found" >&2; return 1; }
     command -v c++ >/dev/null 2>&1 || { echo "error: no C++ compiler (c++) found" >&2; return 1; }
     return 0
   fi
   local missing=() package
-  for package in "${QCOLL_DEBIAN_PACKAGES[@]}"; do
+  for package in "$@"; do
     if ! dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q 'install ok installed'; then
       missing+=("$package")
     fi

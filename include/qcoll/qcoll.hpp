@@ -11,6 +11,7 @@
 #include "collective/feedback.hpp"
 #include "collective/hpz.hpp"
 #include "collective/reduce_scatter.hpp"
+#include "core/checked.hpp"
 #include "core/config.hpp"
 #include "core/error.hpp"
 #include "core/fpmath.hpp"

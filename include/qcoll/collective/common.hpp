@@ -378,7 +378,7 @@ inline GatherPieces carve_gather(void* base, std::size_t message_bytes, int rank
   WorkspaceCarver c(base);
   const DeviceControl control = take_control(c, device);
   unsigned char* send = c.take<unsigned char>(message_bytes);
-  unsigned char* recv = c.take<unsigned char>(message_bytes * static_cast<std::size_t>(ranks));
+  unsigned char* recv = c.take<unsigned char>(message_bytes, static_cast<std::size_t>(ranks));
   return GatherPieces{control, send, recv, c.bytes()};
 }
 

@@ -284,10 +284,10 @@ class QuantizedReduceScatter {
     Pieces p{};
     p.control = detail::take_control(c, device);
     p.table = c.take<int>(device && hops_ == Hops::two ? rank_at_.size() : 0);
-    p.send1 = c.take<unsigned char>(P1 * k1);
-    p.recv1 = c.take<unsigned char>(P1 * k1);
-    p.send2 = c.take<unsigned char>(hops_ == Hops::two ? P2 * k2 : 0);
-    p.recv2 = c.take<unsigned char>(hops_ == Hops::two ? P2 * k2 : 0);
+    p.send1 = c.take<unsigned char>(P1, k1);
+    p.recv1 = c.take<unsigned char>(P1, k1);
+    p.send2 = c.take<unsigned char>(P2, hops_ == Hops::two ? k2 : 0);
+    p.recv2 = c.take<unsigned char>(P2, hops_ == Hops::two ? k2 : 0);
     p.acc = c.take<float>(device ? 0 : hop1_count());  // device: sums are formed on the fly
     p.bytes = c.bytes();
     return p;

@@ -2,6 +2,8 @@
 //! \file
 //! qcoll::Error and the argument checks that raise it.
 
+#include <cstddef>
+#include <cstdint>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -29,5 +31,15 @@ class Error : public std::runtime_error {
       throw ::qcoll::Error(qcoll_require_os_.str());                                                     \
     }                                                                                                    \
   } while (0)
+
+//! Throws qcoll::Error "qcoll::FUNCTION: argument 'ARGUMENT' = ADDRESS is not aligned to ALIGNMENT
+//! bytes" unless `ptr` is a multiple of `alignment` (a power of two). A null pointer is aligned
+//! (null checks are separate). Typed data pointers (T*) are checked with alignof(T): qcoll loads
+//! and stores them as T. O(1).
+inline void check_aligned(const char* function, const char* argument, const void* ptr,
+                          std::size_t alignment) {
+  QCOLL_REQUIRE(reinterpret_cast<std::uintptr_t>(ptr) % alignment == 0, function, argument, ptr,
+                "is not aligned to", alignment << " bytes");
+}
 
 QCOLL_NAMESPACE_END

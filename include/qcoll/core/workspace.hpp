@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "checked.hpp"
 #include "config.hpp"
 
 QCOLL_NAMESPACE_BEGIN
@@ -19,11 +20,17 @@ class WorkspaceCarver {
   //! base: the workspace (kWorkspaceAlignment-aligned), or nullptr to measure.
   explicit WorkspaceCarver(void* base = nullptr) noexcept : base_(static_cast<unsigned char*>(base)) {}
 
-  //! Reserves `count` objects of T (rounded up to the alignment); returns nullptr when measuring.
+  //! Reserves `count` * `copies` objects of T (rounded up to the alignment); returns nullptr when
+  //! measuring. Throws qcoll::Error, naming the count and the limit, if the piece's size or the
+  //! workspace's total does not fit in std::size_t. O(1).
   template <class T>
-  T* take(std::size_t count) noexcept {
+  T* take(std::size_t count, std::size_t copies = 1) {
+    const char* fn = "WorkspaceCarver::take";
+    const std::size_t objects = checked_mul(count, copies, fn, "count");
+    const std::size_t bytes =
+        checked_round_up(checked_mul(objects, sizeof(T), fn, "count"), kWorkspaceAlignment, fn, "count");
     const std::size_t at = used_;
-    used_ += (count * sizeof(T) + kWorkspaceAlignment - 1) / kWorkspaceAlignment * kWorkspaceAlignment;
+    used_ = checked_add(used_, bytes, fn, "workspace bytes");
     return base_ ? reinterpret_cast<T*>(base_ + at) : nullptr;
   }
 

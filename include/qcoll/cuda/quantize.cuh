@@ -14,7 +14,8 @@
 //! Every function is stream-ordered: it checks its arguments on the host (throwing qcoll::Error,
 //! launching nothing), enqueues kernels on `stream` and returns without waiting. No function
 //! allocates or synchronises, so all of them can be captured in a CUDA graph. Any element count
-//! n >= 0 and any block size of the format work; tails and padding are handled in the kernels.
+//! 0 <= n <= max_count<F>() (larger counts throw qcoll::Error naming n and the limit) and any
+//! block size of the format work; tails and padding are handled in the kernels.
 //! Input and output pointers need no particular alignment: 16-byte vector loads and stores are
 //! used where the pointers allow it (checked at run time), element-wise access elsewhere.
 //!
@@ -830,7 +831,8 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 //! Identity formats: element-wise conversion of every code position of the message (tail and
-//! padding positions get code 0). Like the host, a NaN/Inf input sets kFlagNonFinite.
+//! padding positions get code 0). Like the host (block_nonfinite), a code that is ±Inf or NaN
+//! (a NaN/Inf input, or a finite input beyond a 16-bit type's range) sets kFlagNonFinite.
 template <class F, class Input>
 __global__ void __launch_bounds__(kThreads)
     identity_kernel(Input input, unsigned char* out, bool out_aligned) {
@@ -859,7 +861,7 @@ __global__ void __launch_bounds__(kThreads)
         }
       }
 #pragma unroll
-      for (int j = 0; j < V; ++j) bad = bad || !fp::is_finite(v[j]);
+      for (int j = 0; j < V; ++j) bad = bad || F::code_nonfinite(c[j]);
       std::uint32_t w[kCodeWords<kBits, V>];
       pack_codes<kBits, V>(c, w);
       store_bytes<static_cast<int>(V * kBits / 8)>(codes + p * (kBits / 8), w, out_aligned);
@@ -867,8 +869,9 @@ __global__ void __launch_bounds__(kThreads)
       for (std::size_t q = p; q < total; ++q) {
         bool ok;
         const float x = input.load_one(q, ok);
-        bad = bad || !fp::is_finite(x);
-        write_code<kBits>(codes, q, ok ? F::encode(x, m) : 0u);
+        const std::uint32_t c = ok ? F::encode(x, m) : 0u;
+        bad = bad || F::code_nonfinite(c);
+        write_code<kBits>(codes, q, c);
       }
     }
   }
@@ -1047,6 +1050,7 @@ template <class F, class T>
 void quantize(const T* in, std::size_t n, void* out, const host::QuantizeOptions& opt, cudaStream_t stream,
               void* workspace = nullptr, std::size_t workspace_size = 0) {
   const char* fn = "gpu::quantize";
+  checked_packed_bytes<F>(n, fn, "n");
   QCOLL_REQUIRE(in != nullptr || n == 0, fn, "in", "null", "with n =", n);
   QCOLL_REQUIRE(out != nullptr, fn, "out", "null", "needs", packed_bytes<F>(n) << " bytes");
   if (n > 0) require_device_accessible(in, fn, "in");
@@ -1070,6 +1074,7 @@ void quantize_mapped(const T* in, std::size_t n, const SourceMap& map, void* out
                      const host::QuantizeOptions& opt, cudaStream_t stream, void* workspace = nullptr,
                      std::size_t workspace_size = 0) {
   const char* fn = "gpu::quantize_mapped";
+  checked_packed_bytes<F>(n, fn, "n");
   const bool reads = n > 0 && map.numel > 0;
   QCOLL_REQUIRE(in != nullptr || !reads, fn, "in", "null", "with n =", n << " and map.numel = " << map.numel);
   QCOLL_REQUIRE(out != nullptr, fn, "out", "null", "needs", packed_bytes<F>(n) << " bytes");
@@ -1107,6 +1112,7 @@ void quantize_mapped(const T* in, std::size_t n, const SourceMap& map, void* out
 template <class F, class T>
 void dequantize(const void* msg, std::size_t n, T* out, cudaStream_t stream) {
   const char* fn = "gpu::dequantize";
+  checked_packed_bytes<F>(n, fn, "n");
   QCOLL_REQUIRE(msg != nullptr, fn, "msg", "null", "needs", packed_bytes<F>(n) << " bytes");
   QCOLL_REQUIRE(out != nullptr || n == 0, fn, "out", "null", "with n =", n);
   require_device_accessible(msg, fn, "msg");
@@ -1136,6 +1142,7 @@ template <class F, class T>
 void dequantize_reduce(const void* msgs, std::size_t stride, int k, std::size_t n, float post_scale, T* out,
                        cudaStream_t stream) {
   const char* fn = "gpu::dequantize_reduce";
+  checked_packed_bytes<F>(n, fn, "n");
   detail::check_reduce_args(msgs, stride, k, post_scale, packed_bytes<F>(n), fn);
   QCOLL_REQUIRE(out != nullptr || n == 0, fn, "out", "null", "with n =", n);
   if (n > 0) require_device_accessible(out, fn, "out");
@@ -1154,6 +1161,8 @@ void dequantize_reduce_requantize(const void* msgs, std::size_t stride, int k, s
                                   cudaStream_t stream, void* workspace = nullptr,
                                   std::size_t workspace_size = 0) {
   const char* fn = "gpu::dequantize_reduce_requantize";
+  checked_packed_bytes<F>(n, fn, "n");
+  checked_packed_bytes<F2>(n, fn, "n");
   detail::check_reduce_args(msgs, stride, k, post_scale, packed_bytes<F>(n), fn);
   QCOLL_REQUIRE(out_msg != nullptr, fn, "out_msg", "null", "needs", packed_bytes<F2>(n) << " bytes");
   require_device_accessible(out_msg, fn, "out_msg");

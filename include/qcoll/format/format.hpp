@@ -478,7 +478,11 @@ struct MxInt8 {
 
 //! NVFP4: blocks of 16 E2M1 codes, one E4M3 block scale, and one fp32 tensor scale per message
 //! (message_scale = message absmax / (448 * 6)). Block scale = e4m3(absmax_block / (6 *
-//! message_scale)); value = e2m1 * block scale * message scale. Elements saturate at ±6.
+//! message_scale)). Decoded value = (e2m1 * block scale) * message scale, read left to right: the
+//! first product is exact (at most 2 x 4 significant bits), so the value is the exact product of
+//! the three factors rounded once to fp32 (then kept finite as detail::scale_value does).
+//! Encoding divides by fl(block scale * message scale), which only chooses the code. Elements
+//! saturate at ±6.
 struct NvFp4 {
   static constexpr FormatId id = FormatId::nvfp4;
   static constexpr std::size_t block = 16;
@@ -488,8 +492,10 @@ struct NvFp4 {
   using code_type = std::uint8_t;
 
   struct Meta {
-    std::uint8_t code;  //!< E4M3 bits of the block scale (0x7F = NaN)
-    float scale;        //!< block scale * message scale
+    std::uint8_t code;    //!< E4M3 bits of the block scale (0x7F = NaN)
+    float block_scale;    //!< the decoded E4M3 block scale
+    float message_scale;  //!< the message's fp32 tensor scale
+    float scale;          //!< fl(block scale * message scale), the encoding divisor
     detail::Reciprocal rcp;
   };
 
@@ -498,8 +504,9 @@ struct NvFp4 {
     return fp::div(message_absmax, 2688.0f);
   }
   QCOLL_HOST_DEVICE static Meta meta_from_code(std::uint8_t code, float message_scale) {
-    const float s = fp::mul(minifloat::decode<minifloat::E4M3>(code), message_scale);
-    return Meta{code, s, detail::reciprocal(s)};
+    const float b = minifloat::decode<minifloat::E4M3>(code);
+    const float s = fp::mul(b, message_scale);
+    return Meta{code, b, message_scale, s, detail::reciprocal(s)};
   }
   QCOLL_HOST_DEVICE static Meta make_meta(const BlockStats& s, float message_scale) {
     if (s.nonfinite) return meta_from_code(0x7F, message_scale);
@@ -518,7 +525,9 @@ struct NvFp4 {
     return minifloat::encode_stochastic<minifloat::E2M1>(detail::apply(m.rcp, x), random);
   }
   QCOLL_HOST_DEVICE static float decode(std::uint32_t code, const Meta& m) {
-    return detail::scale_value(minifloat::decode<minifloat::E2M1>(static_cast<std::uint8_t>(code)), m.scale);
+    const float e = minifloat::decode<minifloat::E2M1>(static_cast<std::uint8_t>(code));
+    const float p = fp::mul(e, m.block_scale);  // exact; NaN for a NaN block scale
+    return fp::is_finite(p) ? detail::scale_value(p, m.message_scale) : p;
   }
 };
 
@@ -527,7 +536,9 @@ struct NvFp4 {
 // ---------------------------------------------------------------------------------------------
 
 //! The unquantized baseline: each element travels as a W (float, half or bfloat16) as is. Block
-//! size only sets the layout granule; there is no scale. Rounding to W is always nearest-even.
+//! size only sets the layout granule; there is no scale. Rounding to W is always nearest-even; a
+//! finite float beyond W's range becomes ±Inf (no saturation) and, like a NaN/Inf input, sets
+//! kFlagNonFinite in the message header (see block_nonfinite).
 template <class W, std::size_t Block = 32>
 struct Identity {
   static_assert(detail::pow2_in(Block, 1, 8192), "block must be a power of two in [1, 8192]");
@@ -559,7 +570,36 @@ struct Identity {
       return to_float(W{static_cast<std::uint16_t>(code)});
     }
   }
+  //! True when `code` is ±Inf or a NaN of W (as the code of a NaN/Inf input, or of a finite input
+  //! that overflowed W).
+  QCOLL_HOST_DEVICE static bool code_nonfinite(std::uint32_t code) {
+    if constexpr (sizeof(W) == 4) {
+      return (code & 0x7fffffffu) >= 0x7f800000u;
+    } else if constexpr (dtype_of<W>::value == DType::f16) {
+      return (code & 0x7fffu) >= 0x7c00u;
+    } else {
+      return (code & 0x7fffu) >= 0x7f80u;
+    }
+  }
 };
+
+//! True for the Identity formats.
+template <class F>
+struct is_identity_format : std::false_type {};
+template <class W, std::size_t Block>
+struct is_identity_format<Identity<W, Block>> : std::true_type {};
+
+//! Whether a block with statistics `s` sets kFlagNonFinite: it held NaN or ±Inf, or (Identity of
+//! half or bfloat16) some finite element rounds to ±Inf in the 16-bit type. Rounding is monotone,
+//! so that happens exactly when s.absmax does. Host and device kernels use this rule. O(1).
+template <class F>
+QCOLL_HOST_DEVICE bool block_nonfinite(const BlockStats& s) {
+  if constexpr (is_identity_format<F>::value) {
+    return s.nonfinite || F::code_nonfinite(F::encode(s.absmax, typename F::Meta{}));
+  } else {
+    return s.nonfinite;
+  }
+}
 
 //! True when F's decode depends on a per-message scale (NVFP4).
 template <class F>

@@ -14,14 +14,17 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
+#include "../core/checked.hpp"
 #include "../core/error.hpp"
 #include "format.hpp"
 
 QCOLL_NAMESPACE_BEGIN
 
-//! Header flag: some input element was NaN or ±Inf (its block decodes to NaN). A device
-//! collective also sets it on every message of a sender whose input held one anywhere.
+//! Header flag: some input element was NaN or ±Inf (its block decodes to NaN), or, for
+//! Identity<half/bfloat16>, a finite input overflowed the 16-bit type and decodes to ±Inf. A
+//! device collective also sets it on every message of a sender whose input held one anywhere.
 constexpr std::uint32_t kFlagNonFinite = 1u;
 //! Header flag (device collectives): the sender, or a rank upstream of it, rejected its call's
 //! arguments; the message's codes are not data.
@@ -60,12 +63,13 @@ QCOLL_HOST_DEVICE constexpr unsigned log2_exact(std::size_t n) {
   return e;
 }
 
-//! Byte layout of a message of F. All functions O(1), host and device.
+//! Byte layout of a message of F. All functions O(1), host and device. Byte offsets and sizes
+//! are exact for n <= max_count<F>() (below); callers check n first (checked_packed_bytes).
 template <class F>
 struct MessageLayout {
-  //! Number of blocks for n elements: ceil(n / block).
+  //! Number of blocks for n elements: ceil(n / block) (exact for every n).
   QCOLL_HOST_DEVICE static constexpr std::size_t blocks(std::size_t n) {
-    return (n + F::block - 1) / F::block;
+    return n / F::block + (n % F::block != 0 ? 1 : 0);
   }
   //! Bytes of codes in one block.
   static constexpr std::size_t block_code_bytes = F::block * F::code_bits / 8;
@@ -85,9 +89,37 @@ struct MessageLayout {
 
 static_assert(sizeof(std::size_t) == 8, "qcoll needs a 64-bit size_t");
 
-//! Total bytes of a packed message of n elements in format F (header, codes, scales). O(1).
+//! Largest element count a message of F may hold: the largest multiple of F::block that fits in
+//! std::size_t and whose packed size does too (about 2^64 / bytes per element, for formats of
+//! at least one byte per element). Every message size, offset and block index of a message of
+//! n <= max_count<F>() elements is computed without overflow. O(1), constexpr.
+template <class F>
+QCOLL_HOST_DEVICE constexpr std::size_t max_count() {
+  using L = MessageLayout<F>;
+  // bytes(n) <= codes_offset + blocks * (codes + meta per block) + two paddings of at most 15.
+  constexpr std::size_t fixed = L::codes_offset + 30;
+  constexpr std::size_t per_block = L::block_code_bytes + F::meta_bytes;
+  constexpr std::size_t by_bytes = (~std::size_t{0} - fixed) / per_block;
+  constexpr std::size_t by_count = ~std::size_t{0} / F::block;
+  return (by_bytes < by_count ? by_bytes : by_count) * F::block;
+}
+
+//! Total bytes of a packed message of n elements in format F (header, codes, scales). For
+//! n > max_count<F>(), whose size does not fit in std::size_t, returns the largest std::size_t
+//! instead of a wrapped size, so no buffer passes a size check against it. O(1).
 template <class F>
 QCOLL_HOST_DEVICE constexpr std::size_t packed_bytes(std::size_t n) {
+  return n <= max_count<F>() ? MessageLayout<F>::bytes(n) : ~std::size_t{0};
+}
+
+//! packed_bytes<F>(n) after checking n: throws qcoll::Error "qcoll::FUNCTION: argument 'ARGUMENT'
+//! = N exceeds the largest element count of a message of FORMAT/BLOCK, LIMIT" if n >
+//! max_count<F>(). O(1).
+template <class F>
+inline std::size_t checked_packed_bytes(std::size_t n, const char* function, const char* argument) {
+  QCOLL_REQUIRE(n <= max_count<F>(), function, argument, n,
+                "exceeds the largest element count of a message of",
+                format_name(F::id) << "/" << F::block << ", " << max_count<F>());
   return MessageLayout<F>::bytes(n);
 }
 
@@ -103,16 +135,25 @@ QCOLL_HOST_DEVICE MessageHeader make_header(std::size_t n, std::uint64_t tag = 0
                        0u};
 }
 
+namespace detail {
+//! Text of a header's block field: 2^log2_block in decimal, or "2^L" where that does not fit in
+//! 64 bits (any byte may arrive in a header).
+inline std::string header_block_text(std::uint8_t log2_block) {
+  if (log2_block < 64) return std::to_string(std::uint64_t{1} << log2_block);
+  return "2^" + std::to_string(static_cast<unsigned>(log2_block));
+}
+}  // namespace detail
+
 //! Checks that `h` is a header of F with `n` elements; throws qcoll::Error naming `what` (for
-//! example "message from rank 3") and the mismatch otherwise.
+//! example "message from rank 3") and the mismatch otherwise. Any 16 bytes are a valid `h`. O(1).
 template <class F>
 inline void check_header(const MessageHeader& h, std::size_t n, const char* function, const char* what) {
   QCOLL_REQUIRE(h.magic == kMessageMagic, function, what, "magic 0x" << std::hex << h.magic << std::dec,
                 "is not a qcoll message; expected magic", "0x4371");
-  QCOLL_REQUIRE(h.format == static_cast<std::uint8_t>(F::id) && h.log2_block == log2_exact(F::block),
-                function, what,
-                format_name(static_cast<FormatId>(h.format)) << "/block " << (std::size_t{1} << h.log2_block),
-                "does not match the expected format", format_name(F::id) << "/block " << F::block);
+  QCOLL_REQUIRE(
+      h.format == static_cast<std::uint8_t>(F::id) && h.log2_block == log2_exact(F::block), function, what,
+      format_name(static_cast<FormatId>(h.format)) << "/block " << detail::header_block_text(h.log2_block),
+      "does not match the expected format", format_name(F::id) << "/block " << F::block);
   QCOLL_REQUIRE(h.count == n, function, what, "count " << h.count, "does not match the expected count", n);
 }
 

@@ -78,8 +78,9 @@ inline void unpack_block(const unsigned char* in, typename F::code_type* c) {
 }
 
 //! Encodes x[0, valid) as one block (valid <= F::block; lanes past valid get code 0 and are not
-//! part of the statistics), writes its codes and meta bytes, and returns whether it held a
-//! non-finite value. `index0` is the random-stream index of x[0]. Full blocks run loops of
+//! part of the statistics), writes its codes and meta bytes, and returns whether it is
+//! non-finite on the wire (block_nonfinite: a NaN/Inf input, or an Identity<half/bfloat16>
+//! overflow). `index0` is the random-stream index of x[0]. Full blocks run loops of
 //! compile-time length (statistics, then codes into a local array, then packing), which the
 //! compiler unrolls and vectorizes where the format's arithmetic allows.
 template <class F, class T>
@@ -102,7 +103,7 @@ inline bool encode_block(const T* x, std::size_t valid, float message_scale, con
   }
   for (std::size_t i = valid; i < F::block; ++i) c[i] = 0;
   pack_block<F>(c, codes);
-  return s.nonfinite;
+  return block_nonfinite<F>(s);
 }
 
 //! Decodes the first `valid` values of one block and hands each to sink(i, value).
@@ -478,13 +479,16 @@ inline const char* kernel_isa() {
 
 //! Quantizes in[0, n) into one packed message at `out` (out_bytes >= packed_bytes<F>(n)).
 //! Returns the bytes written (packed_bytes<F>(n)). Blocks holding NaN/Inf get a NaN scale and set
-//! kFlagNonFinite in the header. Throws qcoll::Error, writing nothing, if in is null with n > 0,
-//! out is null or out_bytes is too small. O(n) time, no allocation.
+//! kFlagNonFinite in the header (so does an Identity<half/bfloat16> overflow). Throws
+//! qcoll::Error, writing nothing, if n > max_count<F>(), in is null with n > 0 or not aligned to
+//! alignof(T), out is null or out_bytes is too small. `out` needs no alignment. O(n) time, no
+//! allocation.
 template <class F, class T>
 std::size_t quantize(const T* in, std::size_t n, void* out, std::size_t out_bytes,
                      const QuantizeOptions& opt = {}) {
-  const std::size_t need = packed_bytes<F>(n);
+  const std::size_t need = checked_packed_bytes<F>(n, "host::quantize", "n");
   QCOLL_REQUIRE(in != nullptr || n == 0, "host::quantize", "in", "null", "with n =", n);
+  check_aligned("host::quantize", "in", in, alignof(T));
   QCOLL_REQUIRE(out != nullptr, "host::quantize", "out", "null", "needs", need << " bytes");
   QCOLL_REQUIRE(out_bytes >= need, "host::quantize", "out_bytes", out_bytes, "is below the required", need);
   detail::quantize_blocks<F, T>(
@@ -499,14 +503,16 @@ std::size_t quantize(const T* in, std::size_t n, void* out, std::size_t out_byte
 
 //! Decodes a message of n elements into out[0, n) (rounded to T, nearest-even). Returns the
 //! header flags (kFlagNonFinite if any block was non-finite). Throws qcoll::Error, writing
-//! nothing, if a pointer is null, msg_bytes < packed_bytes<F>(n), or the header is not F's with n
-//! elements. O(n).
+//! nothing, if n > max_count<F>(), a pointer is null, out is not aligned to alignof(T),
+//! msg_bytes < packed_bytes<F>(n), or the header is not F's with n elements. Reads only
+//! msg[0, packed_bytes<F>(n)), whatever the message holds; `msg` needs no alignment. O(n).
 template <class F, class T>
 std::uint32_t dequantize(const void* msg, std::size_t msg_bytes, T* out, std::size_t n) {
-  const std::size_t need = packed_bytes<F>(n);
+  const std::size_t need = checked_packed_bytes<F>(n, "host::dequantize", "n");
   QCOLL_REQUIRE(msg != nullptr, "host::dequantize", "msg", "null", "needs", need << " bytes");
   QCOLL_REQUIRE(msg_bytes >= need, "host::dequantize", "msg_bytes", msg_bytes, "is below the required", need);
   QCOLL_REQUIRE(out != nullptr || n == 0, "host::dequantize", "out", "null", "with n =", n);
+  check_aligned("host::dequantize", "out", out, alignof(T));
   const MessageHeader h = detail::read_header<F>(msg, n, "host::dequantize", "msg");
   detail::decode_into<F, T>(msg, n, n, out);
   return h.flags;
@@ -517,11 +523,12 @@ std::uint32_t dequantize(const void* msg, std::size_t msg_bytes, T* out, std::si
 //! and return value as dequantize. O(n).
 template <class F>
 std::uint32_t dequantize_accumulate(const void* msg, std::size_t msg_bytes, float* acc, std::size_t n) {
-  const std::size_t need = packed_bytes<F>(n);
+  const std::size_t need = checked_packed_bytes<F>(n, "host::dequantize_accumulate", "n");
   QCOLL_REQUIRE(msg != nullptr, "host::dequantize_accumulate", "msg", "null", "needs", need << " bytes");
   QCOLL_REQUIRE(msg_bytes >= need, "host::dequantize_accumulate", "msg_bytes", msg_bytes,
                 "is below the required", need);
   QCOLL_REQUIRE(acc != nullptr || n == 0, "host::dequantize_accumulate", "acc", "null", "with n =", n);
+  check_aligned("host::dequantize_accumulate", "acc", acc, alignof(float));
   const MessageHeader h = detail::read_header<F>(msg, n, "host::dequantize_accumulate", "msg");
   detail::decode_into<F, float, true>(msg, n, n, acc);
   return h.flags;

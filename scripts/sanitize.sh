@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# Runs qcoll's host tests under sanitizers (GCC's runtimes; no GPU, no CUDA):
+#   build-asan/  AddressSanitizer + UndefinedBehaviorSanitizer (-fno-sanitize-recover=all): every
+#                unit test (label `unit`) and every MPI test (label `mpi`, when MPI is found);
+#   build-tsan/  ThreadSanitizer: the in-process transport and collective unit tests
+#                (unit.test_transport_local, unit.test_collectives), whose ranks are threads.
+# Open MPI's own allocations outlive MPI_Finalize and LeakSanitizer reports them as leaks, so the
+# MPI tests run with ASAN_OPTIONS=detect_leaks=0 (leaks are still checked in the unit tests).
+# Open MPI is not run under TSan.
+#
+# Usage: bash scripts/sanitize.sh [asan|tsan ...]   (default: asan tsan)
+# Environment: JOBS (parallel build jobs, default 2), ASAN_DIR / TSAN_DIR (build directories).
+set -euo pipefail
+# shellcheck source=scripts/common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+
+qcoll_install_packages
+
+ASAN_DIR="${ASAN_DIR:-$QCOLL_ROOT/build-asan}"
+TSAN_DIR="${TSAN_DIR:-$QCOLL_ROOT/build-tsan}"
+modes=("$@")
+((${#modes[@]} > 0)) || modes=(asan tsan)
+
+# Host-only test build; warnings are errors in the main build (scripts/test.sh), not here, where
+# sanitizer instrumentation makes GCC's flow-based warnings report false positives.
+common_args=(-DQCOLL_ENABLE_CUDA=OFF -DQCOLL_BUILD_BENCH=OFF -DQCOLL_BUILD_EXAMPLES=OFF
+             -DQCOLL_BUILD_HEADER_TESTS=OFF -DQCOLL_WERROR=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo
+             "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g")
+
+timed() {
+  local label="$1" start=$SECONDS
+  shift
+  "$@"
+  echo "sanitize: $label took $((SECONDS - start)) s"
+}
+
+# Builds the given targets of a build tree, up to $JOBS at once (make runs the targets named on
+# one command line one after another, and each of these is a single translation unit).
+build_targets() {
+  local dir="$1" target pids=()
+  shift
+  cmake --build "$dir" --target qcoll_doctest_main
+  for target in "$@"; do
+    cmake --build "$dir" --target "$target" &
+    pids+=($!)
+    if ((${#pids[@]} >= JOBS)); then
+      wait "${pids[0]}"
+      pids=("${pids[@]:1}")
+    fi
+  done
+  for target in "${pids[@]}"; do wait "$target"; done
+}
+
+run_asan() {
+  local flags="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer"
+  timed "asan configure" cmake -S "$QCOLL_ROOT" -B "$ASAN_DIR" "${common_args[@]}" \
+    "-DCMAKE_CXX_FLAGS=$flags" "-DCMAKE_EXE_LINKER_FLAGS=-fsanitize=address,undefined" >/dev/null
+  # Without benchmarks, examples and header tests, `all` is the unit and MPI test executables.
+  timed "asan build" cmake --build "$ASAN_DIR" -j "$JOBS"
+  export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
+  ASAN_OPTIONS="detect_leaks=1:abort_on_error=1:strict_string_checks=1" \
+    timed "asan unit tests" ctest --test-dir "$ASAN_DIR" --output-on-failure -L unit -j "$CTEST_JOBS"
+  if grep -q '^QCOLL_ENABLE_MPI:BOOL=ON$' "$ASAN_DIR/CMakeCache.txt"; then
+    ASAN_OPTIONS="detect_leaks=0:abort_on_error=1" \
+      timed "asan mpi tests" ctest --test-dir "$ASAN_DIR" --output-on-failure -L mpi -j "$CTEST_JOBS"
+  else
+    echo "sanitize: MPI not found; MPI tests not run under ASan"
+  fi
+}
+
+run_tsan() {
+  timed "tsan configure" cmake -S "$QCOLL_ROOT" -B "$TSAN_DIR" "${common_args[@]}" -DQCOLL_ENABLE_MPI=OFF \
+    "-DCMAKE_CXX_FLAGS=-fsanitize=thread" "-DCMAKE_EXE_LINKER_FLAGS=-fsanitize=thread" >/dev/null
+  timed "tsan build" build_targets "$TSAN_DIR" unit_test_transport_local unit_test_collectives
+  TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1" \
+    timed "tsan tests" ctest --test-dir "$TSAN_DIR" --output-on-failure -j "$CTEST_JOBS" \
+    -R '^unit\.(test_transport_local|test_collectives)$'
+}
+
+for mode in "${modes[@]}"; do
+  case "$mode" in
+    asan) run_asan ;;
+    tsan) run_tsan ;;
+    *) echo "usage: bash scripts/sanitize.sh [asan|tsan ...]" >&2; exit 2 ;;
+  esac
+done
