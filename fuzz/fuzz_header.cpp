@@ -1,7 +1,7 @@
 // libFuzzer target: message headers and the sizes derived from element counts.
 //
-// Input: [format id][block selector][16 header bytes][8 bytes n][2 bytes: a run-time format id and
-// a block exponent for dispatch_format]. Contracts: check_header accepts a header exactly when
+// Input: [format id][block selector][sizeof(MessageHeader) header bytes][8 bytes n][2 bytes: a run-time
+// format id and a block exponent for dispatch_format]. Contracts: check_header accepts a header exactly when
 // its fields are F's with count n, and otherwise throws qcoll::Error (formatting any field without
 // undefined behaviour); make_header's headers pass; packed_bytes is exact up to max_count and
 // saturates above it, where checked_packed_bytes throws; dispatch_format accepts exactly the

@@ -92,7 +92,8 @@ unsigned __int128 exact_bytes(std::uint64_t n) {
   auto align16 = [](U x) { return (x + 15) / 16 * 16; };
   const U blocks = (static_cast<U>(n) + F::block - 1) / F::block;
   const U codes = blocks * (F::block * F::code_bits / 8);
-  return 16 + align16(F::message_meta_bytes) + align16(codes) + align16(blocks * F::meta_bytes);
+  constexpr U kHeader = 32;  // docs/formats.md: the header is 32 bytes
+  return kHeader + align16(F::message_meta_bytes) + align16(codes) + align16(blocks * F::meta_bytes);
 }
 
 //! Runs fn and reports whether it threw qcoll::Error (any other exception escapes: a finding).

@@ -83,8 +83,8 @@ TEST_CASE_TEMPLATE("max_count: the largest count whose message size fits; above 
   CHECK(checked_packed_bytes<F>(F::block, "test", "n") == packed_bytes<F>(F::block));
 }
 
-TEST_CASE("a 16-byte message announcing a count whose size wraps is rejected before decoding") {
-  // 2^62 fp32 elements would need 2^64 + 16 bytes: the size used to wrap to 16.
+TEST_CASE("a header-only message announcing a count whose size wraps is rejected before decoding") {
+  // 2^62 fp32 elements would need 2^64 + 32 bytes: the size used to wrap to 32.
   using F = Identity<float>;
   const std::size_t n = std::size_t{1} << 62;
   REQUIRE(packed_bytes<F>(n) == kMax);
@@ -100,11 +100,11 @@ TEST_CASE("a 16-byte message announcing a count whose size wraps is rejected bef
   for (float v : out) CHECK(v == 7.0f);
 
   // A count whose block count used to wrap (n + block - 1 past 2^64): quantize wrote a header of
-  // that count into 16 bytes and claimed success.
+  // that count into a header-sized buffer and claimed success.
   using I8 = Int8<256>;
   volatile std::size_t opaque = kMax - 254;  // hidden from the optimiser's range analysis
   const std::size_t wraps = opaque;
-  std::vector<unsigned char> small(16, 0x5A);
+  std::vector<unsigned char> small(sizeof(MessageHeader), 0x5A);
   e = error_of([&] { host::quantize<I8>(out.data(), wraps, small.data(), small.size()); });
   CHECK(contains(e, "host::quantize: argument 'n' = " + std::to_string(wraps)));
   for (unsigned char b : small) CHECK(b == 0x5A);

@@ -260,12 +260,13 @@ std::string local_check(Fn&& fn) {
   return std::string();
 }
 
-//! Checks a workspace argument against the plan's need and alignment.
-inline void check_workspace(const char* function, const void* ws, std::size_t ws_bytes, std::size_t need) {
-  QCOLL_REQUIRE(ws != nullptr || need == 0, function, "workspace", "null", "needs", need << " bytes");
-  QCOLL_REQUIRE(ws_bytes >= need, function, "workspace_bytes", ws_bytes, "is below the required", need);
-  QCOLL_REQUIRE(reinterpret_cast<std::uintptr_t>(ws) % kWorkspaceAlignment == 0, function, "workspace", ws,
-                "is not aligned to", kWorkspaceAlignment << " bytes");
+//! Checks a workspace argument (or another caller-owned buffer named `name`, its size named
+//! `bytes_name`) against the plan's need and kWorkspaceAlignment.
+inline void check_workspace(const char* function, const void* ws, std::size_t ws_bytes, std::size_t need,
+                            const char* name = "workspace", const char* bytes_name = "workspace_bytes") {
+  QCOLL_REQUIRE(ws != nullptr || need == 0, function, name, "null", "needs", need << " bytes");
+  QCOLL_REQUIRE(ws_bytes >= need, function, bytes_name, ws_bytes, "is below the required", need);
+  check_aligned(function, name, ws, kWorkspaceAlignment);
 }
 
 //! Checks a buffer argument of n elements of T (host or device memory): not null when n > 0,
@@ -278,8 +279,7 @@ void check_buffer(const char* function, const char* name, const T* p, std::size_
   if (p == nullptr || n == 0) return;
   const std::uintptr_t a = reinterpret_cast<std::uintptr_t>(p), b = a + n * sizeof(T);
   const std::uintptr_t w0 = reinterpret_cast<std::uintptr_t>(ws), w1 = w0 + ws_bytes;
-  QCOLL_REQUIRE(a % alignof(T) == 0, function, name, static_cast<const void*>(p), "is not aligned to",
-                alignof(T) << " bytes (the element type's alignment)");
+  check_aligned(function, name, p, alignof(T));
   QCOLL_REQUIRE(ws == nullptr || ws_bytes == 0 || b <= w0 || w1 <= a, function, name,
                 static_cast<const void*>(p) << " (" << n * sizeof(T) << " bytes)", "overlaps the workspace",
                 ws << " (" << ws_bytes << " bytes)");

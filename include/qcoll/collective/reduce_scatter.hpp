@@ -123,7 +123,7 @@ class QuantizedReduceScatter {
   void init_residual(void* residual, std::size_t bytes, const FeedbackOptions& fb = {}) const {
     const char* fn = "QuantizedReduceScatter::init_residual";
     const detail::ResidualLayout l = residual_layout(fb);
-    check_workspace(fn, residual, bytes, l.bytes(), "residual");
+    detail::check_workspace(fn, residual, bytes, l.bytes(), "residual", "bytes");
     QCOLL_REQUIRE(fb.decay > 0.0f && fb.decay <= 1.0f, fn, "fb.decay", fb.decay, "is outside", "(0, 1]");
     std::memset(residual, 0, l.bytes());
     detail::ResidualHeader h{};
@@ -332,19 +332,11 @@ class QuantizedReduceScatter {
                                   fb.hop2 && hops_ == Hops::two ? hop1_count() : 0, fb.storage};
   }
 
-  // A workspace-like argument: present, large enough, 64-byte aligned.
-  static void check_workspace(const char* fn, const void* p, std::size_t bytes, std::size_t need,
-                              const char* name) {
-    QCOLL_REQUIRE(p != nullptr, fn, name, "null", "needs", need << " bytes");
-    QCOLL_REQUIRE(bytes >= need, fn, std::string(name) + " bytes", bytes, "is below the required", need);
-    QCOLL_REQUIRE(reinterpret_cast<std::uintptr_t>(p) % kWorkspaceAlignment == 0, fn, name, p,
-                  "is not aligned to", kWorkspaceAlignment << " bytes");
-  }
-
   // Checks an error-feedback state against this plan and the call's other buffers.
   Feedback check_residual(const char* fn, const ResidualState& r, const T* grad, const T* shard,
                           const void* workspace, std::size_t workspace_bytes) const {
-    check_workspace(fn, r.data, r.bytes, sizeof(detail::ResidualHeader), "residual");
+    detail::check_workspace(fn, r.data, r.bytes, sizeof(detail::ResidualHeader), "residual",
+                            "residual bytes");
     detail::ResidualHeader h;
     std::memcpy(&h, r.data, sizeof h);
     QCOLL_REQUIRE(h.magic == detail::kResidualMagic, fn, "residual", "a buffer without a residual header",

@@ -272,13 +272,16 @@ struct MinifloatCodec {
     QCOLL_AVX2_INLINE i32x8 operator()(f32x8 x) const { return minifloat_encode<E>(x * a * b); }
   };
   struct Dec {
-    float a, b;  // Saturating: scale_value(v, a); else v * a * b
+    // Saturating: scale_value(v * b, a), where v * b is exact (b = 1, or NVFP4's E4M3 block scale,
+    // whose NaN makes the block NaN); else v * a * b.
+    float a, b;
     bool saturates() const { return Saturating && may_saturate(a, E::has_nan || E::has_inf); }
     template <bool Sat>
     QCOLL_AVX2_INLINE f32x8 apply(i32x8 c) const {
       const f32x8 v = minifloat_decode<E>(c);
       if constexpr (Saturating) {
-        return scale_value<Sat>(v, a);
+        if (!fp::is_finite(b)) return v * b;
+        return scale_value<Sat>(v * b, a);
       } else {
         return v * a * b;
       }
@@ -295,7 +298,7 @@ struct Codec<Fp8Scaled<E, K>> : MinifloatCodec<E, true> {
 template <>
 struct Codec<NvFp4> : MinifloatCodec<minifloat::E2M1, true> {
   static Enc enc(const NvFp4::Meta& m) { return {m.rcp.pre, m.rcp.inv}; }
-  static Dec dec(const NvFp4::Meta& m) { return {m.scale, 1.0f}; }
+  static Dec dec(const NvFp4::Meta& m) { return {m.message_scale, m.block_scale}; }
 };
 template <class E>
 struct Codec<MxFloat<E>> : MinifloatCodec<E, false> {
