@@ -102,7 +102,7 @@ TEST_CASE(
   }
 
   // Cross-node ratio: (W-L)(1 + 4/256) S + (N-1)(1/2 + 4/256) S bytes against 3 (W-L) 2 S, plus
-  // 16-byte headers and 16-byte alignment: about 0.19 for W = 8, N = 2; below ZeRO++'s 0.25
+  // 32-byte headers and 16-byte alignment: about 0.19 for W = 8, N = 2; below ZeRO++'s 0.25
   // (0.75M of 3M) in any case.
   const double ratio = static_cast<double>(zpp.steps.back().total().inter) /
                        static_cast<double>(plain.steps.back().total().inter);
