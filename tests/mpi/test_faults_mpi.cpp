@@ -13,6 +13,8 @@
 
 #include "../common/collective_harness.hpp"
 
+#include "../common/error_of.hpp"
+
 using namespace qcoll;
 using namespace harness;
 
@@ -31,16 +33,7 @@ std::vector<long long> round_robin_ids(int W) {
   return ids;
 }
 
-// Runs fn on this rank; returns the qcoll::Error message it raised ("no error" otherwise).
-template <class Fn>
-std::string error_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "no error";
-}
+using testing_support::error_of;
 
 // A duplicate of MPI_COMM_WORLD with the given error handler (freed by the destructor).
 struct Comm {

@@ -15,19 +15,13 @@
 #include <qcoll/format/dispatch.hpp>
 #include <qcoll/host/quantize.hpp>
 
+#include "../common/error_of.hpp"
+
 using namespace qcoll;
 
 namespace {
 
-template <class Fn>
-std::string error_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "no error";
-}
+using testing_support::error_of;
 
 bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
