@@ -113,10 +113,10 @@ class QuantizedAllGather {
       } else {
         const std::size_t valid = layout_.valid_in_shard(r);
         for (std::size_t i = 0; i < S; ++i) p.scratch[i] = i < valid ? to_float(shard[i]) : 0.0f;
-        for (std::size_t at = 0; at < S; at += rotation_.span())
-          rotate_forward(p.scratch + at, rotation_, layout_.shard_offset(r) + at);
+        rotate_run(p.scratch, S, rotation_, layout_.shard_offset(r), true);
         flags = host::detail::quantize_blocks<F, float>(
-            S, detail::SliceSource<float, F::block>{p.scratch, 0, rotated_valid(valid)}, p.send, o);
+            S, detail::SliceSource<float, F::block>{p.scratch, 0, rotated_count(valid, rotation_)}, p.send,
+            o);
       }
       nonfinite = (flags & kFlagNonFinite) != 0;
     });
@@ -133,17 +133,11 @@ class QuantizedAllGather {
       const unsigned char* msg = p.recv + static_cast<std::size_t>(q) * message_bytes();
       detail::read_call_header<F>(msg, S, call.hash(), fn, "message from a peer");
       const std::size_t valid = layout_.valid_in_shard(q), first = layout_.shard_offset(q);
-      detail::decode_slice<F>(msg, S, rotated_valid(valid), p.scratch);
-      for (std::size_t at = 0; at < rotated_valid(valid); at += rotation_.span())
-        rotate_inverse(p.scratch + at, rotation_, first + at);
+      detail::decode_slice<F>(msg, S, rotated_count(valid, rotation_), p.scratch);
+      rotate_run(p.scratch, rotated_count(valid, rotation_), rotation_, first, false);
       for (std::size_t i = 0; i < S; ++i) full[first + i] = from_float<T>(i < valid ? p.scratch[i] : 0.0f);
     }
     return result;
-  }
-
-  // Data elements a rotated shard sends: whole spans.
-  std::size_t rotated_valid(std::size_t valid) const {
-    return (valid + rotation_.span() - 1) / rotation_.span() * rotation_.span();
   }
 
   static CallIdentity identity(const ShardLayout& layout, const HopOptions& hop) {

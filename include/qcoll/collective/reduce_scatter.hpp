@@ -184,7 +184,8 @@ class QuantizedReduceScatter {
     });
     const std::uint32_t result = detail::agree_on_call(world_, call, err, nonfinite, fn);
     const int r = world_.rank();
-    const std::size_t mine = span_valid(layout_.valid_in_shard(r), r2);  // sums needed (rotated: whole spans)
+    const std::size_t mine =
+        rotated_count(layout_.valid_in_shard(r), r2);  // sums needed (rotated: whole spans)
     if (hops_ == Hops::one) {
       world_.all_to_all(p.send1, p.recv1, hop1_message_bytes());
       detail::sum_messages<F1>(p.recv1, hop1_message_bytes(), world_.size(), S, mine, p.acc, tag, fn);
@@ -199,12 +200,12 @@ class QuantizedReduceScatter {
       for (int m = 0; m < N; ++m) {
         const int owner = rank_at_[static_cast<std::size_t>(m * L + j)];
         const std::size_t at = static_cast<std::size_t>(m) * S, first = layout_.shard_offset(owner);
-        const std::size_t valid = layout_.valid_in_shard(owner), valid2 = span_valid(valid, r2);
+        const std::size_t valid = layout_.valid_in_shard(owner), valid2 = rotated_count(valid, r2);
         float* v = p.acc + at;
         if (!same_rotation(r1, r2)) {
-          rotate_region(v, S, r1, first, false);
+          rotate_run(v, S, r1, first, false);
           for (std::size_t i = valid; i < S; ++i) v[i] = 0.0f;  // padding is zero, not rounding noise
-          rotate_region(v, S, r2, first, true);
+          rotate_run(v, S, r2, first, true);
         }
         unsigned char* msg = p.send2 + static_cast<std::size_t>(m) * P2;
         for (std::size_t i = 0; i < fb.hop2.n && i < valid2; ++i) v[i] = fp::add(v[i], fb.hop2.get(at + i));
@@ -220,7 +221,7 @@ class QuantizedReduceScatter {
       inter_.all_to_all(p.send2, p.recv2, P2);
       detail::sum_messages<F2>(p.recv2, P2, N, S, mine, p.acc, tag, fn);
     }
-    rotate_region(p.acc, mine, r2, layout_.shard_offset(r), false);  // back from the rotated domain
+    rotate_run(p.acc, mine, r2, layout_.shard_offset(r), false);  // back from the rotated domain
     const std::size_t valid = layout_.valid_in_shard(r);
     const float world = static_cast<float>(world_.size());
     for (std::size_t i = 0; i < valid; ++i)
@@ -242,19 +243,6 @@ class QuantizedReduceScatter {
   // True if two rotations are the same map (both off, or the same span and seed).
   static bool same_rotation(const Rotation& a, const Rotation& b) {
     return a.enabled() == b.enabled() && (!a.enabled() || (a.log2_span == b.log2_span && a.seed == b.seed));
-  }
-
-  // Elements of a run of `valid` data elements that a rotated hop sends: whole spans.
-  static std::size_t span_valid(std::size_t valid, const Rotation& r) {
-    return r.enabled() ? (valid + r.span() - 1) / r.span() * r.span() : valid;
-  }
-
-  // Rotates (forward or back) the n elements at v, n a multiple of the span, element 0 being
-  // global element `global0` (spans are contiguous in the gradient). No-op when off.
-  static void rotate_region(float* v, std::size_t n, const Rotation& r, std::size_t global0, bool forward) {
-    if (!r.enabled()) return;
-    for (std::size_t at = 0; at < n; at += r.span())
-      forward ? rotate_forward(v + at, r, global0 + at) : rotate_inverse(v + at, r, global0 + at);
   }
 
   struct Pieces {
@@ -408,7 +396,7 @@ class QuantizedReduceScatter {
                  n,
                  [&](std::size_t b) {
                    return host::detail::BlockSource<float>{v + b * B,
-                                                           span_valid(map_block(map, b, B, n).valid, rot)};
+                                                           rotated_count(map_block(map, b, B, n).valid, rot)};
                  },
                  msg, o) != 0;
       if (fb.hop1.n == 0) continue;

@@ -90,6 +90,21 @@ QCOLL_HOST_DEVICE void rotate_inverse(float* v, const Rotation& r, std::uint64_t
     v[i] = fp::mul(fp::mul(v[i], s), detail::rotation_sign(r.seed, base + i));
 }
 
+//! Elements of a run of `valid` data elements that a rotated message carries: whole spans (the
+//! rotation spreads data into the padding of a partial span). `valid` itself when off. O(1).
+QCOLL_HOST_DEVICE constexpr std::size_t rotated_count(std::size_t valid, const Rotation& r) {
+  return r.enabled() ? (valid + r.span() - 1) / r.span() * r.span() : valid;
+}
+
+//! Rotates forward (or back) the n elements at v, n a multiple of the span, element 0 being
+//! global element `global0` (the spans are contiguous in the tensor). No-op when off. O(n log span).
+QCOLL_HOST_DEVICE void rotate_run(float* v, std::size_t n, const Rotation& r, std::uint64_t global0,
+                                  bool forward) {
+  if (!r.enabled()) return;
+  for (std::size_t at = 0; at < n; at += r.span())
+    forward ? rotate_forward(v + at, r, global0 + at) : rotate_inverse(v + at, r, global0 + at);
+}
+
 //! Checks a rotation against the block size of the format it feeds: the span must be at most
 //! kMaxRotationSpan and divide `block` (a block holds whole spans, so no span straddles a block,
 //! a shard or a tensor). Throws qcoll::Error naming `function`, the span and the limit. O(1).
