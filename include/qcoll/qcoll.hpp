@@ -26,6 +26,7 @@
 #include "format/message.hpp"
 #include "format/minifloat.hpp"
 #include "host/quantize.hpp"
+#include "layout/group.hpp"
 #include "layout/qgz.hpp"
 #include "layout/shard.hpp"
 #include "layout/topology.hpp"

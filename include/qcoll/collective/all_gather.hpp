@@ -46,6 +46,7 @@ class QuantizedAllGather {
       QCOLL_REQUIRE(layout.parts() == world.size(), "QuantizedAllGather", "layout.parts()", layout.parts(),
                     "differs from the world size", world.size());
       detail::check_blocks("QuantizedAllGather", layout, F::block, format_name(F::id));
+      detail::check_layout_transport<Transport>("QuantizedAllGather", layout);
       check_rotation("QuantizedAllGather", hop.rotation, F::block);
       QCOLL_REQUIRE(!detail::on_device<Transport> || !hop.rotation.enabled(), "QuantizedAllGather",
                     "hop.rotation", "a Hadamard rotation", "runs on",
@@ -109,14 +110,14 @@ class QuantizedAllGather {
       std::uint32_t flags;
       if (!rotation_.enabled()) {
         flags = host::detail::quantize_blocks<F, T>(
-            S, detail::SliceSource<T, F::block>{shard, 0, layout_.valid_in_shard(r)}, p.send, o);
+            S, detail::LayoutSource<T, F::block>{shard, o.index_base, layout_}, p.send, o);
       } else {
         const std::size_t valid = layout_.valid_in_shard(r);
         for (std::size_t i = 0; i < S; ++i) p.scratch[i] = i < valid ? to_float(shard[i]) : 0.0f;
-        rotate_run(p.scratch, S, rotation_, layout_.shard_offset(r), true);
+        layout_.zero_inner_padding(p.scratch, o.index_base, valid);
+        rotate_run(p.scratch, S, rotation_, o.index_base, true);
         flags = host::detail::quantize_blocks<F, float>(
-            S, detail::SliceSource<float, F::block>{p.scratch, 0, rotated_count(valid, rotation_)}, p.send,
-            o);
+            S, detail::LayoutSource<float, F::block>{p.scratch, o.index_base, layout_, rotation_}, p.send, o);
       }
       nonfinite = (flags & kFlagNonFinite) != 0;
     });
@@ -124,7 +125,8 @@ class QuantizedAllGather {
     if (!rotation_.enabled()) {
       detail::gather_and_decode<F>(
           world_, p, message_bytes(), S, full, [this](int q) { return layout_.shard_offset(q); },
-          [this](int q) { return layout_.valid_in_shard(q); }, call.hash(), fn, "message from a peer");
+          [this](int q) { return layout_.valid_in_shard(q); }, layout_, call.hash(), fn,
+          "message from a peer");
       return result;
     }
     // Rotated: decode each shard into the scratch, rotate it back, store its data elements.
@@ -136,6 +138,7 @@ class QuantizedAllGather {
       detail::decode_slice<F>(msg, S, rotated_count(valid, rotation_), p.scratch);
       rotate_run(p.scratch, rotated_count(valid, rotation_), rotation_, first, false);
       for (std::size_t i = 0; i < S; ++i) full[first + i] = from_float<T>(i < valid ? p.scratch[i] : 0.0f);
+      layout_.zero_inner_padding(full + first, first, valid);
     }
     return result;
   }

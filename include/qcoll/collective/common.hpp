@@ -76,6 +76,7 @@ struct CallIdentity {
     numel,         //!< the layout's element count
     padded_numel,  //!< the layout's padded element count
     parts,         //!< the layout's shards
+    tensors,       //!< the layout's tensor group (TensorGroup::fingerprint(); 0 for a flat buffer)
     reduce_op,     //!< Reduce
     hops,          //!< Hops
     node_table,    //!< Topology::fingerprint() (the whole node table), 0 without topology
@@ -92,11 +93,26 @@ struct CallIdentity {
 
   //! Name of a field, as errors print it.
   static const char* field_name(int f) noexcept {
-    static const char* const names[] = {
-        "kind",       "element type", "format",   "block",           "second format", "second block",
-        "numel",      "padded numel", "parts",    "reduce op",       "hops",          "node table",
-        "rounding",   "seed",         "rotation", "second rounding", "second seed",   "second rotation",
-        "call number"};
+    static const char* const names[] = {"kind",
+                                        "element type",
+                                        "format",
+                                        "block",
+                                        "second format",
+                                        "second block",
+                                        "numel",
+                                        "padded numel",
+                                        "parts",
+                                        "tensor group",
+                                        "reduce op",
+                                        "hops",
+                                        "node table",
+                                        "rounding",
+                                        "seed",
+                                        "rotation",
+                                        "second rounding",
+                                        "second seed",
+                                        "second rotation",
+                                        "call number"};
     static_assert(sizeof(names) / sizeof(names[0]) == kFieldCount, "one name per field");
     return f >= 0 && f < kFieldCount ? names[f] : "?";
   }
@@ -121,6 +137,7 @@ struct CallIdentity {
       case reduce_op: return v == 0 ? "sum" : v == 1 ? "mean" : std::to_string(v);
       case hops: return v == 0 ? "one" : v == 1 ? "two" : std::to_string(v);
       case node_table:
+      case tensors:
       case rotation:
       case rotation2: {
         std::ostringstream os;
@@ -154,6 +171,7 @@ CallIdentity plan_identity(int kind, const ShardLayout& layout, const HopOptions
   id.word[CallIdentity::numel] = layout.numel();
   id.word[CallIdentity::padded_numel] = layout.padded_numel();
   id.word[CallIdentity::parts] = static_cast<std::uint64_t>(layout.parts());
+  id.word[CallIdentity::tensors] = layout.group_fingerprint();
   set_hop(id, 1, hop1);
   return id;
 }
@@ -290,6 +308,9 @@ inline void check_blocks(const char* function, const ShardLayout& layout, std::s
                          const char* format) {
   QCOLL_REQUIRE(layout.shard_numel() % block == 0, function, "layout.granule()", layout.granule(),
                 "does not make shards whole blocks of", format << " (block " << block << ")");
+  QCOLL_REQUIRE(!layout.grouped() || layout.granule() % block == 0, function, "layout.granule()",
+                layout.granule(), "does not make the tensor group's slots whole blocks of",
+                format << " (block " << block << ")");
 }
 
 //! Seed of rank r's stochastic rounding at a given hop: distinct per rank so that the ranks'
@@ -298,16 +319,21 @@ inline std::uint64_t rank_seed(std::uint64_t seed, int rank, int hop) {
   return fnv1a({seed, static_cast<std::uint64_t>(rank), static_cast<std::uint64_t>(hop)});
 }
 
-//! A message-block source reading elements [offset, offset + n) of `base`, where elements at or
-//! past `numel` are padding (excluded from statistics, encoded as zero codes).
+//! A message-block source over a run of a layout's buffer: block b reads base + b * Block, where
+//! base[0] is the buffer's element `first`; its data elements are the layout's (ShardLayout::data_in:
+//! below numel, and inside a tensor of a group), rounded up to whole spans under a rotation (the
+//! rotation spreads data into the padding of a partial span). The rest is padding: excluded from
+//! statistics, encoded as zero codes.
 template <class T, std::size_t Block>
-struct SliceSource {
+struct LayoutSource {
   const T* base;
-  std::size_t offset;
-  std::size_t numel;
+  std::size_t first;
+  const ShardLayout& layout;
+  Rotation rotation{};
   host::detail::BlockSource<T> operator()(std::size_t b) const {
-    const std::size_t at = offset + b * Block;
-    return host::detail::BlockSource<T>{base + at, valid_elements_in(numel, at, Block)};
+    const std::size_t at = b * Block;
+    return host::detail::BlockSource<T>{base + at,
+                                        rotated_count(layout.data_in(first + at, Block), rotation)};
   }
 };
 
@@ -363,6 +389,15 @@ inline DeviceControl take_control(WorkspaceCarver& c, bool device) {
 template <class Transport>
 constexpr bool on_device = Transport::memory_space == MemorySpace::device;
 
+//! Checks that a plan over `layout` can run on Transport: a group of two or more tensors runs on
+//! host transports only (the device kernels read flat layouts). Throws qcoll::Error naming
+//! `function`. O(1).
+template <class Transport>
+void check_layout_transport(const char* function, const ShardLayout& layout) {
+  QCOLL_REQUIRE(!on_device<Transport> || !layout.grouped(), function, "layout", "a group of several tensors",
+                "runs on", "host transports only (device plans take flat layouts and one-tensor groups)");
+}
+
 //! Workspace of a gather: (device: the control words,) this rank's message, then one message per
 //! rank of the group.
 struct GatherPieces {
@@ -383,19 +418,20 @@ inline GatherPieces carve_gather(void* base, std::size_t message_bytes, int rank
 }
 
 //! Gathers the messages in p.send over `t` and decodes message q (n elements of F) into
-//! out + offset(q): its first valid(q) elements as T, the rest of the n as zero. Checks every
-//! header (and the call's tag). `what` names the senders in errors. Returns the OR of the
-//! messages' kFlagNonFinite.
+//! out + offset(q): its first valid(q) elements as T, the rest of the n, and the layout's padding,
+//! as zero. Checks every header (and the call's tag). `what` names the senders in errors. Returns
+//! the OR of the messages' kFlagNonFinite.
 template <class F, class T, class Transport, class Offset, class Valid>
 std::uint32_t gather_and_decode(Transport& t, const GatherPieces& p, std::size_t message_bytes, std::size_t n,
-                                T* out, Offset&& offset, Valid&& valid, std::uint64_t tag,
-                                const char* function, const char* what) {
+                                T* out, Offset&& offset, Valid&& valid, const ShardLayout& layout,
+                                std::uint64_t tag, const char* function, const char* what) {
   t.all_gather(p.send, p.recv, message_bytes);
   std::uint32_t flags = 0;
   for (int q = 0; q < t.size(); ++q) {
     const unsigned char* msg = p.recv + static_cast<std::size_t>(q) * message_bytes;
     flags |= read_call_header<F>(msg, n, tag, function, what).flags & kFlagNonFinite;
     decode_slice<F>(msg, n, valid(q), out + offset(q));
+    layout.zero_inner_padding(out + offset(q), offset(q), valid(q));
   }
   return flags;
 }

@@ -121,7 +121,7 @@ class DeltaAllGather {
       o.index_base = offset;
       o.tag = call.hash();
       const auto flags = host::detail::quantize_blocks<G, float>(
-          S, detail::SliceSource<float, G::block>{p.diff, 0, valid}, p.gather.send, o);
+          S, detail::LayoutSource<float, G::block>{p.diff, offset, layout_}, p.gather.send, o);
       nonfinite = (flags & kFlagNonFinite) != 0;
     });
     const std::uint32_t result = detail::agree_on_call(world_, call, err, nonfinite, fn);
@@ -138,6 +138,7 @@ class DeltaAllGather {
         host::detail::decode_message<G>(
             msg, S, [out](std::size_t i, float v) { out[i] = from_float<T>(v); }, layout_.valid_in_shard(q));
       }
+      layout_.zero_inner_padding(out, layout_.shard_offset(q), layout_.valid_in_shard(q));
     }
     return result;
   }

@@ -131,15 +131,8 @@ class SecondaryShard {
       host::QuantizeOptions o;
       o.index_base = offset;
       o.tag = call.hash();
-      const T* mine = storage_.data();
-      const std::size_t numel = layout_.numel();
       host::detail::quantize_blocks<F, T>(
-          S,
-          [&](std::size_t b) {
-            return host::detail::BlockSource<T>{mine + b * F::block,
-                                                valid_elements_in(numel, offset + b * F::block, F::block)};
-          },
-          p.send, o);
+          S, detail::LayoutSource<T, F::block>{storage_.data(), offset, layout_}, p.send, o);
     });
     // Agreed over the world, so that every node hears of a rank's bad argument or disagreement;
     // the non-finite flag is the node's (what this rank receives), from the message headers.
@@ -147,8 +140,8 @@ class SecondaryShard {
     const std::size_t numel = layout_.numel();
     return detail::gather_and_decode<F>(
         intra_, p, message_bytes(), S, full, [this](int j) { return secondary_.shard_offset(j); },
-        [&](int j) { return valid_elements_in(numel, secondary_.shard_offset(j), S); }, call.hash(), fn,
-        "message from a node peer");
+        [&](int j) { return valid_elements_in(numel, secondary_.shard_offset(j), S); }, layout_, call.hash(),
+        fn, "message from a node peer");
   }
 
   static CallIdentity identity(const ShardLayout& layout, const Topology& topo) {
@@ -171,6 +164,7 @@ class SecondaryShard {
       QCOLL_REQUIRE(layout.parts() == world.size(), "SecondaryShard", "layout.parts()", layout.parts(),
                     "differs from the world size", world.size());
       detail::check_blocks("SecondaryShard", layout, F::block, format_name(F::id));
+      detail::check_layout_transport<Transport>("SecondaryShard", layout);
     });
     detail::agree_on_call(world, id, err, false, "SecondaryShard");
     return SecondaryLayout(layout, topo);

@@ -205,17 +205,24 @@ class QuantizedReduceScatter {
         if (!same_rotation(r1, r2)) {
           rotate_run(v, S, r1, first, false);
           for (std::size_t i = valid; i < S; ++i) v[i] = 0.0f;  // padding is zero, not rounding noise
+          layout_.zero_inner_padding(v, first, valid);
           rotate_run(v, S, r2, first, true);
         }
         unsigned char* msg = p.send2 + static_cast<std::size_t>(m) * P2;
-        for (std::size_t i = 0; i < fb.hop2.n && i < valid2; ++i) v[i] = fp::add(v[i], fb.hop2.get(at + i));
+        const detail::LayoutSource<float, F2::block> src{v, first, layout_, r2};
+        // The residual lives where the message carries data: per block, its first src(b).valid
+        // elements (for a flat layout, the first valid2 of the slice).
+        const auto carried = [&](auto&& fn) {
+          for (std::size_t b = 0; b * F2::block < valid2; ++b)
+            for (std::size_t e = 0, c = src(b).valid; e < c; ++e) fn(b * F2::block + e);
+        };
+        if (fb.hop2.n > 0) carried([&](std::size_t i) { v[i] = fp::add(v[i], fb.hop2.get(at + i)); });
         o.index_base = first;
-        host::detail::quantize_blocks<F2, float>(S, detail::SliceSource<float, F2::block>{v, 0, valid2}, msg,
-                                                 o);
+        host::detail::quantize_blocks<F2, float>(S, src, msg, o);
         if (fb.hop2.n > 0) {
           host::detail::decode_message<F2>(
               msg, S, [v](std::size_t i, float d) { v[i] = fp::sub(v[i], d); }, valid2);
-          for (std::size_t i = 0; i < valid2; ++i) fb.keep(fb.hop2, at + i, v[i]);
+          carried([&](std::size_t i) { fb.keep(fb.hop2, at + i, v[i]); });
         }
       }
       inter_.all_to_all(p.send2, p.recv2, P2);
@@ -227,6 +234,7 @@ class QuantizedReduceScatter {
     for (std::size_t i = 0; i < valid; ++i)
       shard[i] = from_float<T>(op_ == Reduce::mean ? fp::div(p.acc[i], world) : p.acc[i]);
     for (std::size_t i = valid; i < S; ++i) shard[i] = from_float<T>(0.0f);
+    layout_.zero_inner_padding(shard, layout_.shard_offset(r), valid);
     return result;
   }
 
@@ -361,10 +369,13 @@ class QuantizedReduceScatter {
   // The source map of hop-1 message q: the slice of rank q (one hop) or the qgZ chunk of local
   // index q (two hops).
   SourceMap hop1_map(int q) const {
-    if (hops_ == Hops::one) return SourceMap::identity(layout_.numel(), layout_.shard_offset(q));
-    const std::size_t S = layout_.shard_numel();
-    return SourceMap::qgz(layout_.numel(), S, topo_.num_nodes(), topo_.ranks_per_node(), rank_at_.data(),
-                          static_cast<std::size_t>(q) * hop1_count());
+    SourceMap m = hops_ == Hops::one
+                      ? SourceMap::identity(layout_.numel(), layout_.shard_offset(q))
+                      : SourceMap::qgz(layout_.numel(), layout_.shard_numel(), topo_.num_nodes(),
+                                       topo_.ranks_per_node(), rank_at_.data(),
+                                       static_cast<std::size_t>(q) * hop1_count());
+    m.slots = layout_.slots();
+    return m;
   }
 
   // Hop 1 through a float copy (error feedback or a rotation): message q's blocks are gathered
@@ -421,7 +432,7 @@ class QuantizedReduceScatter {
       for (int q = 0; q < world_.size(); ++q) {
         o.index_base = layout_.shard_offset(q);
         bad |= host::detail::quantize_blocks<F1, T>(
-                   S, detail::SliceSource<T, F1::block>{grad, layout_.shard_offset(q), layout_.numel()},
+                   S, detail::LayoutSource<T, F1::block>{grad + o.index_base, o.index_base, layout_},
                    send + static_cast<std::size_t>(q) * P1, o) != 0;
       }
       return bad;
@@ -430,7 +441,8 @@ class QuantizedReduceScatter {
     const std::size_t n1 = hop1_count();
     for (int j = 0; j < L; ++j) {
       const std::size_t first = static_cast<std::size_t>(j) * n1;  // reordered position of chunk j
-      const SourceMap map = SourceMap::qgz(layout_.numel(), S, N, L, rank_at_.data(), first);
+      SourceMap map = SourceMap::qgz(layout_.numel(), S, N, L, rank_at_.data(), first);
+      map.slots = layout_.slots();
       o.index_base = first;
       bad |= host::detail::quantize_blocks<F1, T>(
                  n1,
@@ -453,6 +465,7 @@ class QuantizedReduceScatter {
       QCOLL_REQUIRE(layout.parts() == world.size(), "QuantizedReduceScatter", "layout.parts()",
                     layout.parts(), "differs from the world size", world.size());
       detail::check_blocks("QuantizedReduceScatter", layout, F1::block, format_name(F1::id));
+      detail::check_layout_transport<Transport>("QuantizedReduceScatter", layout);
       check_rotation("QuantizedReduceScatter", options.hop1.rotation, F1::block);
       if (hops == Hops::two) {
         detail::check_blocks("QuantizedReduceScatter", layout, F2::block, format_name(F2::id));

@@ -15,6 +15,7 @@
 #include <cstddef>
 
 #include "../core/config.hpp"
+#include "shard.hpp"
 
 QCOLL_NAMESPACE_BEGIN
 
@@ -54,6 +55,7 @@ struct SourceMap {
   int num_nodes = 1;             //!< N of the qgZ reorder
   int ranks_per_node = 1;        //!< L of the qgZ reorder
   const int* rank_at = nullptr;  //!< N * L ints, row-major [node][local] (Topology::rank_at_table())
+  SlotTable slots{};  //!< a tensor group's slots (ShardLayout::slots(), host memory): padding below numel
 
   //! Identity map: message element i reads input element position0 + i, if below numel.
   static SourceMap identity(std::size_t numel, std::size_t position0 = 0) {
@@ -92,7 +94,8 @@ QCOLL_HOST_DEVICE std::size_t map_position(const SourceMap& m, std::size_t p) {
 
 //! Source of block b of a message of n elements with `block` elements per block: offset
 //! map_position(position0 + b * block) and valid = min(block, n - b * block, numel - offset),
-//! 0 when offset >= numel: the host collectives hand host::detail::quantize_blocks
+//! 0 when offset >= numel, and with a tensor group's slots, at most the data of the block's tensor
+//! from offset on (data_in_slots): the host collectives hand host::detail::quantize_blocks
 //! BlockSource{in + offset, valid} for block b, and the device kernels read the same elements.
 //! Blocks never straddle a qgZ shard when shard_numel and position0 are multiples of the block
 //! (the plans and gpu::quantize_mapped require it). O(1).
@@ -105,6 +108,7 @@ QCOLL_HOST_DEVICE MappedBlock map_block(const SourceMap& m, std::size_t b, std::
   } else if (m.numel - src < valid) {
     valid = m.numel - src;
   }
+  if (m.slots.slots > 0 && valid > 0) valid = data_in_slots(m.slots, src, valid);
   return MappedBlock{src, valid};
 }
 

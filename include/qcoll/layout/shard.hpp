@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <initializer_list>
 #include <limits>
+#include <memory>
+#include <vector>
 
 #include "../core/config.hpp"
 #include "../core/error.hpp"
@@ -22,11 +24,55 @@ QCOLL_HOST_DEVICE std::size_t valid_elements_in(std::size_t numel, std::size_t o
   return rest < count ? rest : count;
 }
 
+//! Where the data of a tensor group's buffer lies: tensor k holds the n_k elements starting at
+//! slot_start[k] (a multiple of the group's granule); the rest of its slot, up to the next tensor's
+//! slot_start, is padding. Starts ascend; an empty tensor's slot has no elements. Host memory;
+//! read through data_in_slots. Built by TensorGroup (layout/group.hpp).
+struct SlotTable {
+  const std::size_t* slot_start = nullptr;  //!< first element of tensor k's slot
+  const std::size_t* data_end = nullptr;    //!< slot_start[k] + n_k
+  std::size_t slots = 0;                    //!< number of tensors (0: no table, the buffer is flat)
+};
+
+//! Elements of data at the start of [offset, offset + count), a range that lies inside one
+//! tensor's slot (a block of a layout whose granule is a multiple of the block): its tensor's
+//! data elements from `offset` on, at most `count`. O(log slots) (binary search).
+QCOLL_HOST_DEVICE std::size_t data_in_slots(const SlotTable& t, std::size_t offset, std::size_t count) {
+  // The last tensor whose slot starts at or before offset (empty tensors sharing that start come
+  // before the one that holds data, so the last is the right one).
+  std::size_t lo = 0, hi = t.slots;
+  while (lo < hi) {
+    const std::size_t mid = lo + (hi - lo) / 2;
+    if (t.slot_start[mid] <= offset) {
+      lo = mid + 1;
+    } else {
+      hi = mid;
+    }
+  }
+  if (lo == 0) return 0;
+  const std::size_t end = t.data_end[lo - 1];
+  if (end <= offset) return 0;
+  return end - offset < count ? end - offset : count;
+}
+
+namespace detail {
+//! The tensors of a group as a ShardLayout carries them (layout/group.hpp builds it).
+struct GroupSlots {
+  std::vector<std::size_t> slot_start;  //!< first element of tensor k's slot
+  std::vector<std::size_t> data_end;    //!< slot_start[k] + numel of tensor k
+  std::uint64_t fingerprint = 0;        //!< hash of the tensor list (sizes and shapes)
+};
+}  // namespace detail
+
 //! Primary partition: a flat buffer of numel() elements is padded up to padded_numel(), the
 //! smallest multiple of parts() * granule() that is >= numel(), and cut into parts() equal shards
 //! of shard_numel() elements; shard r (starting at shard_offset(r)) belongs to rank r. Elements at
 //! positions >= numel() are padding. A layout with numel() = 0 has padded_numel() = 0 and
 //! shard_numel() = 0: every shard is empty. All sizes and offsets are in elements.
+//!
+//! A layout made from a TensorGroup (layout/group.hpp) of two or more tensors also has padding
+//! below numel(): the end of each tensor's slot. data_in() and for_each_padding() say where; a
+//! one-tensor group is a flat layout.
 class ShardLayout {
  public:
   //! `parts` >= 1 shards; `granule` >= 1 elements (usually from granule_for). Throws qcoll::Error if
@@ -46,6 +92,14 @@ class ShardLayout {
                   "padded to a multiple of parts * granule overflows std::size_t; parts * granule is", unit);
     padded_numel_ = units * unit;
     shard_numel_ = padded_numel_ / p;
+  }
+
+  //! The layout of a tensor group's buffer (TensorGroup::layout() calls it): numel is the end of
+  //! the last tensor's data, `slots` where each tensor's data lies. O(1) beyond the flat layout.
+  ShardLayout(std::size_t numel, int parts, std::size_t granule,
+              std::shared_ptr<const detail::GroupSlots> slots)
+      : ShardLayout(numel, parts, granule) {
+    group_ = std::move(slots);
   }
 
   //! Elements of data (before padding).
@@ -71,9 +125,64 @@ class ShardLayout {
     return valid_elements_in(numel_, static_cast<std::size_t>(r) * shard_numel_, shard_numel_);
   }
 
-  //! Same numel, parts and granule.
+  //! True for the layout of a group of two or more tensors (padding inside [0, numel)).
+  bool grouped() const noexcept { return group_ != nullptr; }
+  //! Hash of the group's tensor list; 0 for a flat layout (and a one-tensor group).
+  std::uint64_t group_fingerprint() const noexcept { return group_ ? group_->fingerprint : 0; }
+  //! The group's slot table (slots = 0 for a flat layout), for SourceMap and kernels on the host.
+  SlotTable slots() const noexcept {
+    if (!group_) return SlotTable{};
+    return SlotTable{group_->slot_start.data(), group_->data_end.data(), group_->slot_start.size()};
+  }
+
+  //! Elements of data at the start of [offset, offset + count), a range inside one block of a
+  //! format whose block divides granule() (so inside one tensor's slot). Flat: those below
+  //! numel(). O(1) flat, O(log tensors) grouped.
+  std::size_t data_in(std::size_t offset, std::size_t count) const noexcept {
+    return group_ ? data_in_slots(slots(), offset, count) : valid_elements_in(numel_, offset, count);
+  }
+
+  //! Calls fn(first, count) for each run of padding inside [offset, offset + count) below numel()
+  //! (the ends of tensor slots; none for a flat layout), in ascending order; positions are global.
+  //! O(log tensors + runs).
+  template <class Fn>
+  void for_each_inner_padding(std::size_t offset, std::size_t count, Fn&& fn) const {
+    if (!group_) return;
+    if (offset >= numel_) return;
+    const std::size_t end = count < numel_ - offset ? offset + count : numel_;
+    const std::vector<std::size_t>& start = group_->slot_start;
+    const std::vector<std::size_t>& data_end = group_->data_end;
+    // First tensor whose slot ends after offset: the last one starting at or before it.
+    std::size_t lo = 0, hi = start.size();
+    while (lo < hi) {
+      const std::size_t mid = lo + (hi - lo) / 2;
+      if (start[mid] <= offset) {
+        lo = mid + 1;
+      } else {
+        hi = mid;
+      }
+    }
+    for (std::size_t k = lo == 0 ? 0 : lo - 1; k < start.size() && start[k] < end; ++k) {
+      const std::size_t slot_end = k + 1 < start.size() ? start[k + 1] : padded_numel_;
+      const std::size_t a = data_end[k] > offset ? data_end[k] : offset;
+      const std::size_t b = slot_end < end ? slot_end : end;
+      if (a < b) fn(a, b - a);
+    }
+  }
+
+  //! Sets to zero every element of out[0, count) that is padding below numel(), `out` holding the
+  //! buffer's elements from global position `offset` on. No-op for a flat layout.
+  template <class T>
+  void zero_inner_padding(T* out, std::size_t offset, std::size_t count) const {
+    for_each_inner_padding(offset, count, [&](std::size_t first, std::size_t n) {
+      for (std::size_t i = 0; i < n; ++i) out[first - offset + i] = T{};
+    });
+  }
+
+  //! Same numel, parts, granule and tensor group.
   bool operator==(const ShardLayout& o) const noexcept {
-    return numel_ == o.numel_ && parts_ == o.parts_ && granule_ == o.granule_;
+    return numel_ == o.numel_ && parts_ == o.parts_ && granule_ == o.granule_ &&
+           group_fingerprint() == o.group_fingerprint();
   }
   bool operator!=(const ShardLayout& o) const noexcept { return !(*this == o); }
 
@@ -87,6 +196,7 @@ class ShardLayout {
   std::size_t granule_;
   std::size_t padded_numel_ = 0;
   std::size_t shard_numel_ = 0;
+  std::shared_ptr<const detail::GroupSlots> group_;
 };
 
 namespace detail {
