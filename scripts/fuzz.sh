@@ -51,7 +51,7 @@ if ((${#targets[@]} == 0)); then
   done
 fi
 
-flags=(-std=c++17 -O1 -g -fno-omit-frame-pointer "-fsanitize=fuzzer,address,undefined"
+flags=(-std=c++17 -O1 -g1 -fno-omit-frame-pointer "-fsanitize=fuzzer,address,undefined"
        -fno-sanitize-recover=all -ffp-contract=off -fno-trapping-math -Wall -Wextra -Werror
        -I "$QCOLL_ROOT/include" -I "$QCOLL_ROOT/fuzz")
 start=$SECONDS

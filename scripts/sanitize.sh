@@ -25,7 +25,7 @@ modes=("$@")
 # sanitizer instrumentation makes GCC's flow-based warnings report false positives.
 common_args=(-DQCOLL_ENABLE_CUDA=OFF -DQCOLL_BUILD_BENCH=OFF -DQCOLL_BUILD_EXAMPLES=OFF -DQCOLL_BUILD_EMU_TESTS=OFF
              -DQCOLL_BUILD_HEADER_TESTS=OFF -DQCOLL_WERROR=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo
-             "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g")
+             "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1")
 
 timed() {
   local label="$1" start=$SECONDS
