@@ -9,9 +9,13 @@
 //   - Error feedback: QuantizedReduceScatter (one and two hops, fp32 and bf16 states, decay,
 //     hop 2 only, with a rotation) and QuantizedAllReduce, over three steps; the device
 //     init_residual writes the host's bytes.
+//   - A rotated feedback reduce-scatter and a rotated all-gather captured in a CUDA graph once
+//     and replayed with new inputs equal the host path's successive calls.
 //   - On the device alone: the identity sum over steps of delivered = sum of inputs - residuals,
 //     within the bound of the fp32 roundings (as tests/unit/test_lowbit.cpp derives it); the
 //     rotation's inverse within 2 k n 2^-24 max|x| of the input (format/hadamard.hpp).
+//   - qWD: DeltaAllGather's resync and difference calls keep the device replicas equal to the host
+//     path's, on every rank, bit for bit.
 //   - Bad states: a state never initialised, or one of another plan, on one rank: that rank gets
 //     kResultBadResidual, every rank kResultRejected, no output and no state is written; a null
 //     state on one rank: it throws naming `residual`, its peers get kResultRejected.
@@ -147,12 +151,13 @@ Outcome run_host(const std::vector<long long>& ids, std::size_t out_count,
   return o;
 }
 
-//! The same calls on the device over CudaLocalTransport; `corrupt(rank, state, bytes, stream)`
-//! may spoil a rank's state after init_residual (return the ResidualState to pass).
+//! The same calls on the device over CudaLocalTransport; `corrupt(rank, plan, state, stream)`
+//! may spoil a rank's state after init_residual (it returns the ResidualState to pass). With
+//! `graph`, the call is captured once in a CUDA graph and every step replays it.
 template <bool Fb, class T, class Make, class Corrupt>
 Outcome run_device(const std::vector<long long>& ids, std::size_t out_count,
                    const std::vector<std::vector<std::vector<T>>>& in, Make&& make,
-                   const q::FeedbackOptions& fb, Corrupt&& corrupt) {
+                   const q::FeedbackOptions& fb, Corrupt&& corrupt, bool graph = false) {
   const int W = static_cast<int>(ids.size());
   Outcome o(W);
   q::CudaLocalGroup g(W, ids);
@@ -171,16 +176,33 @@ Outcome run_device(const std::vector<long long>& ids, std::size_t out_count,
       plan.init_residual(state.as(), state_bytes, fb, s);
       rs = corrupt(r, plan, rs, s);
     }
+    const auto call = [&] {
+      if constexpr (Fb) {
+        plan(din.as<T>(), dout.as<T>(), ws.as(), ws.size(), rs, s);
+      } else {
+        plan(din.as<T>(), dout.as<T>(), ws.as(), ws.size(), s);
+      }
+    };
+    QCOLL_CUDA_CHECK(cudaStreamSynchronize(s));
     t.barrier();  // every rank's buffers exist before any rank's kernels wait for its peers
+    cudaGraph_t captured = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    if (graph) {
+      QCOLL_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+      call();
+      QCOLL_CUDA_CHECK(cudaStreamEndCapture(s, &captured));
+      QCOLL_CUDA_CHECK(cudaGraphInstantiate(&exec, captured, 0));
+      t.barrier();  // no rank is still capturing or instantiating when the first replay waits for it
+    }
     for (const auto& step : in) {
       QCOLL_CUDA_CHECK(cudaMemsetAsync(dout.as(), 0x7B, out_count * sizeof(T), s));
       if (in_count > 0)
         QCOLL_CUDA_CHECK(
             cudaMemcpyAsync(din.as(), step[ri].data(), in_count * sizeof(T), cudaMemcpyHostToDevice, s));
-      if constexpr (Fb) {
-        plan(din.as<T>(), dout.as<T>(), ws.as(), ws.size(), rs, s);
+      if (graph) {
+        QCOLL_CUDA_CHECK(cudaGraphLaunch(exec, s));
       } else {
-        plan(din.as<T>(), dout.as<T>(), ws.as(), ws.size(), s);
+        call();
       }
       o.out[ri].push_back(download(dout.as(), out_count * sizeof(T), s));
       o.flags[ri].push_back(q::gpu::read_result_flags(ws.as(), s));
@@ -188,6 +210,11 @@ Outcome run_device(const std::vector<long long>& ids, std::size_t out_count,
     }
     o.state[ri] = download(state.as(), state_bytes, s);
     t.barrier();  // every rank's stream is idle before any buffer is freed
+    if (graph) {
+      QCOLL_CUDA_CHECK(cudaGraphExecDestroy(exec));
+      QCOLL_CUDA_CHECK(cudaGraphDestroy(captured));
+      t.barrier();
+    }
   });
   return o;
 }
@@ -426,6 +453,45 @@ TEST_CASE("error feedback over cuda_local equals the host path: outputs and stat
   }
 }
 
+TEST_CASE("rotation and feedback captured in a CUDA graph replay as the host path's calls") {
+  testing_support::Watchdog dog(kWatchdogSeconds, "graphs");
+  using I4 = q::Int4<32>;
+  using I8 = q::Int8<64>;
+  const std::size_t numel = 1100;
+  q::ReduceScatterOptions opts;
+  opts.hop1.rotation = q::Rotation{5, 21};
+  opts.hop2.rotation = q::Rotation{3, 22};
+  opts.hop2.rounding = q::Rounding::stochastic;
+  const q::ShardLayout layout(numel, 4, q::granule_for(2, {I8::block, I4::block}));
+  const auto in = inputs<q::bfloat16>(61, 3, 4, layout.padded_numel(), numel);
+  const auto make = [&](auto& t, const q::Topology& topo) {
+    using Tr = std::decay_t<decltype(t)>;
+    return q::QuantizedReduceScatter<q::bfloat16, I8, I4, Tr>(t, topo, layout, q::Reduce::mean, q::Hops::two,
+                                                              opts);
+  };
+  q::FeedbackOptions fb;
+  fb.storage = q::ResidualStorage::bf16;
+  const Outcome host = run_host<true, q::bfloat16>(kTwoByTwo, layout.shard_numel(), in, make, fb);
+  const Outcome dev =
+      run_device<true, q::bfloat16>(kTwoByTwo, layout.shard_numel(), in, make, fb, NoCorruption{}, true);
+  compare(dev, host, "QuantizedReduceScatter with rotations and feedback, replayed from a CUDA graph");
+  // The replays carried the state: the last step's output differs from the first's.
+  CHECK(!difference(dev.out[0].back(), dev.out[0].front()).empty());
+
+  q::HopOptions h;
+  h.rotation = q::Rotation{6, 4};
+  const auto ag_in = shard_inputs<float>(9, 3, layout);
+  const auto make_ag = [&](auto& t, const q::Topology&) {
+    using Tr = std::decay_t<decltype(t)>;
+    return q::QuantizedAllGather<float, q::Int8<64>, Tr>(t, layout, h);
+  };
+  const q::FeedbackOptions none;
+  compare(
+      run_device<false, float>(kTwoByTwo, layout.padded_numel(), ag_in, make_ag, none, NoCorruption{}, true),
+      run_host<false, float>(kTwoByTwo, layout.padded_numel(), ag_in, make_ag, none),
+      "rotated QuantizedAllGather, replayed from a CUDA graph");
+}
+
 TEST_CASE("error feedback through QuantizedAllReduce over cuda_local equals the host path") {
   testing_support::Watchdog dog(kWatchdogSeconds, "all-reduce feedback");
   using I4 = q::Int4<32>;
@@ -588,6 +654,105 @@ TEST_CASE("a null residual state on one rank: it throws naming it, its peers get
   for (int r = 0; r < 2; ++r) {
     CHECK_MESSAGE(errors[static_cast<std::size_t>(r)].empty(), errors[static_cast<std::size_t>(r)]);
     CHECK((flags[static_cast<std::size_t>(r)] & q::kResultRejected) != 0);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Weight-difference all-gather (qWD)
+// ---------------------------------------------------------------------------------------------
+
+//! Every rank's replica (bytes) after each call: a resync in Identity<T>, then `steps` difference
+//! calls with weights drifting by small updates; all ranks hold the same weights (their own shard
+//! is what they send).
+template <class T, class F, class Tr>
+std::vector<std::vector<Bytes>> delta_run(const std::vector<long long>& ids, const q::ShardLayout& layout,
+                                          const q::host::QuantizeOptions& opt, int steps,
+                                          std::vector<std::vector<std::uint32_t>>& flags) {
+  using G = q::Identity<T, F::block>;
+  const int W = static_cast<int>(ids.size());
+  const std::size_t P = layout.padded_numel(), S = layout.shard_numel();
+  std::vector<std::vector<T>> weights;  // weights[k]: the full weights before call k
+  for (int k = 0; k <= steps; ++k) {
+    std::vector<T> w(P);
+    for (std::size_t i = 0; i < P; ++i)
+      w[i] = q::from_float<T>(harness::input_value(3, 0, i) +
+                              0.01f * static_cast<float>(k) * harness::input_value(4 + k, 1, i));
+    weights.push_back(w);
+  }
+  std::vector<std::vector<Bytes>> replicas(static_cast<std::size_t>(W));
+  flags.assign(static_cast<std::size_t>(W), {});
+  if constexpr (Tr::memory_space == q::MemorySpace::host) {
+    q::LocalGroup g(W, ids);
+    g.run([&](q::LocalTransport& t) {
+      const auto ri = static_cast<std::size_t>(t.rank());
+      q::DeltaAllGather<T, F, q::LocalTransport> qwd(t, layout, opt);
+      harness::Workspace ws(std::max(qwd.workspace_bytes(), qwd.template resync_workspace_bytes<G>()));
+      std::vector<T> replica(P, q::from_float<T>(0.0f));
+      for (int k = 0; k <= steps; ++k) {
+        const T* mine = weights[static_cast<std::size_t>(k)].data() + layout.shard_offset(t.rank());
+        flags[ri].push_back(k == 0 ? qwd.template resync<G>(mine, replica.data(), ws.ptr, ws.bytes)
+                                   : qwd(mine, replica.data(), ws.ptr, ws.bytes));
+        replicas[ri].push_back(bytes_of(replica));
+      }
+    });
+  } else {
+    q::CudaLocalGroup g(W, ids);
+    g.run([&](q::CudaLocalTransport& t) {
+      const auto ri = static_cast<std::size_t>(t.rank());
+      const cudaStream_t s = t.stream();
+      q::DeltaAllGather<T, F, q::CudaLocalTransport> qwd(t, layout, opt);
+      const std::size_t wb = std::max(qwd.workspace_bytes(), qwd.template resync_workspace_bytes<G>());
+      DeviceBytes ws(wb), replica(P * sizeof(T)), shard(S * sizeof(T));
+      QCOLL_CUDA_CHECK(cudaMemsetAsync(replica.as(), 0, P * sizeof(T), s));
+      t.barrier();
+      for (int k = 0; k <= steps; ++k) {
+        const T* mine = weights[static_cast<std::size_t>(k)].data() + layout.shard_offset(t.rank());
+        QCOLL_CUDA_CHECK(cudaMemcpyAsync(shard.as(), mine, S * sizeof(T), cudaMemcpyHostToDevice, s));
+        if (k == 0) {
+          qwd.template resync<G>(shard.as<T>(), replica.as<T>(), ws.as(), wb, s);
+        } else {
+          qwd(shard.as<T>(), replica.as<T>(), ws.as(), wb, s);
+        }
+        flags[ri].push_back(q::gpu::read_result_flags(ws.as(), s));
+        replicas[ri].push_back(download(replica.as(), P * sizeof(T), s));
+      }
+      t.barrier();
+    });
+  }
+  return replicas;
+}
+
+template <class T, class F>
+void delta_case(const std::vector<long long>& ids, std::size_t numel, const q::host::QuantizeOptions& opt) {
+  const int W = static_cast<int>(ids.size()), steps = 3;
+  const q::ShardLayout layout(numel, W, q::granule_for(sizeof(T), {F::block}));
+  std::vector<std::vector<std::uint32_t>> hf, df;
+  const auto host = delta_run<T, F, q::LocalTransport>(ids, layout, opt, steps, hf);
+  const auto dev = delta_run<T, F, q::CudaLocalTransport>(ids, layout, opt, steps, df);
+  const std::string label = "DeltaAllGather<" + std::string(q::format_name(F::id)) + ">, " + ids_text(ids) +
+                            ", numel " + std::to_string(numel);
+  for (std::size_t r = 0; r < host.size(); ++r)
+    for (std::size_t k = 0; k < host[r].size(); ++k) {
+      const std::string d = difference(dev[r][k], host[r][k]);
+      CHECK_MESSAGE(d.empty(),
+                    label << ", rank " << r << ", call " << k << ": device replica differs: " << d);
+      CHECK_MESSAGE(df[r][k] == hf[r][k],
+                    label << ", rank " << r << ", call " << k << ": flags " << df[r][k]);
+      CHECK_MESSAGE(difference(dev[r][k], dev[0][k]).empty(), label << ": replicas differ between ranks");
+    }
+  // The differences moved the replica: the last call's replica is not the resync's.
+  CHECK(!difference(host[0].back(), host[0].front()).empty());
+}
+
+TEST_CASE("DeltaAllGather (qWD) over cuda_local equals the host path: resync, then differences") {
+  testing_support::Watchdog dog(kWatchdogSeconds, "qWD");
+  q::host::QuantizeOptions nearest, stochastic;
+  stochastic.rounding = q::Rounding::stochastic;
+  stochastic.seed = 31;
+  for (std::size_t numel : {std::size_t{2000}, std::size_t{150}}) {
+    delta_case<q::bfloat16, q::Int4<128>>(kTwoByTwo, numel, nearest);
+    delta_case<float, q::Int4Asym<32>>(kOneNode3, numel, stochastic);
+    delta_case<q::half, q::Fp8E4M3<32>>(kRoundRobin6, numel, nearest);
   }
 }
 

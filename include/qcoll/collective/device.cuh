@@ -51,6 +51,7 @@
 #include "../cuda/quantize.cuh"
 #include "all_gather.hpp"
 #include "common.hpp"
+#include "delta_all_gather.hpp"
 #include "hpz.hpp"
 #include "reduce_scatter.hpp"
 
@@ -571,6 +572,58 @@ std::string SecondaryShard<T, F, Transport>::device_gather(T* full, std::uint64_
       gd::TensorInput<T>{storage_.data(),
                          gpu::SourceMap::identity(valid_elements_in(layout_.numel(), offset, S)), S},
       o, full, layout_.numel(), st, ~0u, stream);
+  return err;
+}
+
+// ---------------------------------------------------------------------------------------------
+// DeltaAllGather (qWD)
+// ---------------------------------------------------------------------------------------------
+
+template <class T, class F, class Transport>
+template <class G>
+std::string DeltaAllGather<T, F, Transport>::device_call(int kind, const T* shard, T* replica,
+                                                         void* workspace, std::size_t workspace_bytes,
+                                                         typename Transport::stream_type stream) {
+  namespace gd = gpu::detail;
+  const char* fn = kind == 6 ? "DeltaAllGather" : "DeltaAllGather::resync";
+  const Pieces p = carve<G>(workspace);
+  gd::check_device_workspace(fn, workspace, workspace_bytes, p.bytes);
+  stream = gd::plan_stream(world_, stream, 0);
+  const std::size_t S = layout_.shard_numel(), P = packed_bytes<G>(S), padded = layout_.padded_numel();
+  const int r = world_.rank();
+  std::uint32_t* const st = gd::begin_status(nullptr, p.control.status, stream);
+  const std::string err = detail::local_check([&] {
+    gd::check_buffer(fn, "shard", shard, S, workspace, workspace_bytes);
+    gd::check_buffer(fn, "replica", replica, padded, workspace, workspace_bytes);
+    QCOLL_REQUIRE(
+        shard == nullptr || replica == nullptr || S == 0 || shard + S <= replica || replica + padded <= shard,
+        fn, "shard", static_cast<const void*>(shard), "overlaps", "replica");
+  });
+  const CallIdentity call = next_call<G>(kind);
+  const std::size_t valid = layout_.valid_in_shard(r), offset = layout_.shard_offset(r);
+  host::QuantizeOptions o = opt_;
+  o.seed = detail::rank_seed(opt_.seed, r, 1);
+  o.index_base = offset;
+  o.tag = call.hash();
+  if (err.empty()) {
+    if (valid > 0) {
+      gd::delta_diff_kernel<T><<<gd::grid_for(valid, gd::kThreads), gd::kThreads, 0, stream>>>(
+          shard, replica + offset, valid, kind == 6, p.diff);
+      QCOLL_CUDA_CHECK_LAUNCH();
+    }
+    gd::launch_quantize<G>(gd::TensorInput<float>{p.diff, gpu::SourceMap::identity(valid), S}, p.send, o,
+                           stream, p.control.scratch);
+  } else {
+    gd::launch_reject<G>(p.send, P, 1, S, o.tag, stream);
+  }
+  world_.all_gather(p.send, p.recv, P, stream);
+  gd::launch_verify<G>(p.recv, P, world_.size(), S, o.tag, st, ~0u, stream);
+  if (S > 0) {
+    const dim3 grid(gd::grid_for(S, gd::kThreads), static_cast<unsigned>(world_.size()));
+    gd::delta_apply_kernel<G, T>
+        <<<grid, gd::kThreads, 0, stream>>>(p.recv, P, S, replica, layout_.numel(), kind == 6, st);
+    QCOLL_CUDA_CHECK_LAUNCH();
+  }
   return err;
 }
 

@@ -397,6 +397,40 @@ __global__ void __launch_bounds__(kThreads)
     fb.keep(fb.hop2, m * s + i, fp::sub(v[m * s + i], decode_one<F2>(msg, s, i)));
 }
 
+// ---------------------------------------------------------------------------------------------
+// Weight-difference all-gather (qWD)
+// ---------------------------------------------------------------------------------------------
+
+//! qWD sender: diff[i] = shard[i] - replica[i] in fp32 (difference), or shard[i] (resync), for
+//! i < valid (the host plan's to_float and fp::sub).
+template <class T>
+__global__ void __launch_bounds__(kThreads)
+    delta_diff_kernel(const T* shard, const T* replica, std::size_t valid, bool difference, float* diff) {
+  const std::size_t step = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < valid; i += step)
+    diff[i] = difference ? fp::sub(to_float(shard[i]), to_float(replica[i])) : to_float(shard[i]);
+}
+
+//! qWD receiver: message q = blockIdx.y (n elements of G at msgs + q * stride) applied to
+//! replica[q n, (q + 1) n) below `limit`: R <- T(R + decoded) (difference) or T(decoded) (resync).
+//! Elements at or past limit are left alone; nothing is written when *guard has tripped.
+template <class G, class T>
+__global__ void __launch_bounds__(kThreads)
+    delta_apply_kernel(const unsigned char* msgs, std::size_t stride, std::size_t n, T* replica,
+                       std::size_t limit, bool difference, const std::uint32_t* guard) {
+  if (guard_tripped(guard)) return;
+  const std::size_t q = blockIdx.y, base = q * n;
+  const unsigned char* msg = msgs + q * stride;
+  const std::size_t valid = limit <= base ? 0 : (limit - base < n ? limit - base : n);
+  T* const out = replica + base;
+  const std::size_t step = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < valid;
+       i += step) {
+    const float d = decode_one<G>(msg, n, i);
+    out[i] = from_float<T>(difference ? fp::add(to_float(out[i]), d) : d);
+  }
+}
+
 }  // namespace detail
 }  // namespace gpu
 QCOLL_NAMESPACE_END
