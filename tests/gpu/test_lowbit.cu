@@ -7,7 +7,8 @@
 //     stochastic rounding) and QuantizedReduceScatter (one and two hops, node-major and round
 //     robin, sum and mean; the same rotation in both hops, different ones, one hop only).
 //   - Error feedback: QuantizedReduceScatter (one and two hops, fp32 and bf16 states, decay,
-//     hop 2 only, with a rotation) and QuantizedAllReduce, over three steps; the device
+//     hop 2 only, with a rotation) and QuantizedAllReduce (also with a rotation in every stage),
+//     over three steps; the device
 //     init_residual writes the host's bytes.
 //   - A rotated feedback reduce-scatter and a rotated all-gather captured in a CUDA graph once
 //     and replayed with new inputs equal the host path's successive calls.
@@ -507,6 +508,21 @@ TEST_CASE("error feedback through QuantizedAllReduce over cuda_local equals the 
   const Outcome host = run_host<true, float>(kTwoByTwo, layout.padded_numel(), in, make, fb);
   const Outcome dev = run_device<true, float>(kTwoByTwo, layout.padded_numel(), in, make, fb, NoCorruption{});
   compare(dev, host, "QuantizedAllReduce with feedback");
+
+  // A rotation in every stage, with feedback.
+  q::ReduceScatterOptions opts;
+  opts.hop1.rotation = q::Rotation{5, 1};
+  opts.hop2.rotation = q::Rotation{4, 2};
+  q::HopOptions gather;
+  gather.rotation = q::Rotation{6, 3};
+  const auto make_rotated = [&](auto& t, const q::Topology& topo) {
+    using Tr = std::decay_t<decltype(t)>;
+    return q::QuantizedAllReduce<float, I4, I4, I8, Tr>(t, topo, layout, q::Reduce::sum, q::Hops::two, opts,
+                                                        gather);
+  };
+  compare(run_device<true, float>(kTwoByTwo, layout.padded_numel(), in, make_rotated, fb, NoCorruption{}),
+          run_host<true, float>(kTwoByTwo, layout.padded_numel(), in, make_rotated, fb),
+          "QuantizedAllReduce with rotations in every stage and feedback");
 }
 
 TEST_CASE("error feedback on the device: delivered sums plus the residuals equal the true sums") {

@@ -520,6 +520,19 @@ class QuantizedAllReduce {
     detail::set_format<F3>(calls_.id, 2);  // the stage formats F1 and F3 (F2 is in the stage's own)
   }
 
+  //! As above, with the reduce-scatter's options per hop (rounding, seed, rotation) and the
+  //! gather stage's (`gather`): e.g. a Hadamard rotation in every stage. Each stage agrees on its
+  //! own options (its identity), so ranks with different options are rejected as in the stages.
+  QuantizedAllReduce(Transport& world, const Topology& topo, const ShardLayout& layout, Reduce op, Hops hops,
+                     const ReduceScatterOptions& options, const HopOptions& gather)
+      : world_(world),
+        rs_(world, topo, layout, op, hops, options),
+        ag_(world, layout, gather),
+        calls_{rs_.identity()} {
+    calls_.id.word[CallIdentity::kind] = 4;
+    detail::set_format<F3>(calls_.id, 2);
+  }
+
   //! Workspace the call needs, in bytes.
   std::size_t workspace_bytes() const { return carve(nullptr).bytes; }
 

@@ -338,16 +338,19 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-//! Reduce-scatter, hop 2 through floats, node slice m = blockIdx.y: v[m s, (m + 1) s) = the fp32
-//! sums of the k hop-1 messages (n1 elements of F1 each) at elements [m s, (m + 1) s); when r1 and
-//! r2 differ, rotated back with r1, zeroed past valid_m and rotated forward with r2 (element 0 is
-//! global element first_m); plus the hop-2 residual at [0, rotated_count(valid_m, r2)) where the
-//! state has one. `firsts` and `valids`: per slice, passed by value.
+//! Per node slice of a hop-1 sum (a kernel's blockIdx.y): the global offset of its first element
+//! (the owner's shard offset) and its data elements. Passed by value.
 struct SliceTable {
-  static constexpr int kMax = 64;  //!< nodes per call of the kernel
+  static constexpr int kMax = 64;  //!< node slices per launch
   std::size_t first[kMax];
   std::size_t valid[kMax];
 };
+
+//! Reduce-scatter, hop 2 through floats, node slice m = m0 + blockIdx.y: v[m s, (m + 1) s) = the
+//! fp32 sums of the k hop-1 messages (n1 elements of F1 each) at elements [m s, (m + 1) s); with
+//! `rerotate` (r1 and r2 differ), rotated back with r1, zeroed past valid_m and rotated forward
+//! with r2 (element 0 is global element first_m); plus the hop-2 residual at
+//! [0, rotated_count(valid_m, r2)) where the state has an ok one.
 template <class F1>
 __global__ void __launch_bounds__(kThreads)
     hop2_float_kernel(const unsigned char* msgs, std::size_t stride, int k, std::size_t n1, std::size_t s,
@@ -379,7 +382,7 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-//! Reduce-scatter, hop-2 residual update, node slice m = blockIdx.y: for elements i below
+//! Reduce-scatter, hop-2 residual update, node slice m = m0 + blockIdx.y: for elements i below
 //! rotated_count(valid_m, r2), keeps v[m s + i] minus the decoded element i of the slice's sent
 //! message (at msgs + m * stride, s elements of F2) as the hop-2 residual. Skipped when *guard has
 //! tripped or the state has no (ok) hop-2 residual.
