@@ -369,8 +369,8 @@ TEST_CASE("the device rotation's inverse restores its input within 2 k n 2^-24 m
   // Through the all-gather with the Identity<float> format (no quantization): the output is
   // inverse(forward(x)) computed by the device kernels.
   testing_support::Watchdog dog(kWatchdogSeconds, "rotation inverse");
-  using F = q::Identity<float, 4096>;
-  for (unsigned k : {1u, 5u, 12u}) {
+  using F = q::Identity<float, 8192>;
+  for (unsigned k : {1u, 5u, 12u, 13u}) {
     q::HopOptions h;
     h.rotation = q::Rotation{k, 1234 + k};
     const q::ShardLayout layout(10000, 2, q::granule_for(4, {F::block}));

@@ -1,7 +1,7 @@
 #pragma once
 //! \file
 //! The device data path of the collective plans: QuantizedAllGather, QuantizedReduceScatter,
-//! QuantizedAllReduce and SecondaryShard over a transport whose memory_space is
+//! QuantizedAllReduce, SecondaryShard and DeltaAllGather over a transport whose memory_space is
 //! MemorySpace::device (CudaLocalTransport, NcclTransport). Included by those transports' headers
 //! and by <qcoll/qcoll.cuh>.
 //!
@@ -16,7 +16,10 @@
 //! kResultNonFinite (some rank's input held NaN or ±Inf, the same on every rank, as the host
 //! call's return value), kResultRejected (some rank rejected its arguments) and kResultBadMessage
 //! (a received message did not match the plan). With either of the last two, this rank's output
-//! was not written. Read it after the stream has passed the call, e.g. with read_result_flags.
+//! was not written. A call with error feedback may add kResultBadResidual (this rank's residual
+//! state failed the header check; it then also sends rejected messages, so every rank sees
+//! kResultRejected and no state is updated). Read the word after the stream has passed the call,
+//! e.g. with read_result_flags.
 //!
 //! **Per-call agreement without a host synchronisation.** The host path agrees on every call
 //! with a small blocking all-reduce before sending. On the device, the verdict travels with the
