@@ -91,8 +91,9 @@ struct LinearGlobal {
   QCOLL_DEVICE std::uint64_t operator()(std::size_t i) const { return base + i; }
 };
 
-//! Barrier at the end of a tile, so the next tile's loads do not overwrite values that a peer
-//! thread of the rotation still reads.
+//! Barrier at the end of a tile. The load, sign, scale and store passes touch only the thread's
+//! own elements and every butterfly stage starts with a barrier, so tiles cannot mix today; this
+//! keeps them apart should a pass ever read a peer's elements (one barrier per tile).
 QCOLL_DEVICE void end_tile() { __syncthreads(); }
 
 // ---------------------------------------------------------------------------------------------
