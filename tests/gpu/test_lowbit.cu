@@ -17,6 +17,8 @@
 //     rotation's inverse within 2 k n 2^-24 max|x| of the input (format/hadamard.hpp).
 //   - qWD: DeltaAllGather's resync and difference calls keep the device replicas equal to the host
 //     path's, on every rank, bit for bit.
+//   - A pageable output on one rank of a rotated all-gather or a qWD call: that rank throws
+//     naming it, every rank gets kResultRejected, and no device output is written.
 //   - Bad states: a state never initialised, or one of another plan, on one rank: that rank gets
 //     kResultBadResidual, every rank kResultRejected, no output and no state is written; a null
 //     state on one rank: it throws naming `residual`, its peers get kResultRejected.
@@ -769,6 +771,65 @@ TEST_CASE("DeltaAllGather (qWD) over cuda_local equals the host path: resync, th
     delta_case<q::bfloat16, q::Int4<128>>(kTwoByTwo, numel, nearest);
     delta_case<float, q::Int4Asym<32>>(kOneNode3, numel, stochastic);
     delta_case<q::half, q::Fp8E4M3<32>>(kRoundRobin6, numel, nearest);
+  }
+}
+
+TEST_CASE(
+    "a pageable buffer on one rank of a rotated all-gather or a qWD call: it throws, its peers write "
+    "nothing") {
+  testing_support::Watchdog dog(kWatchdogSeconds, "bad arguments");
+  using F = q::Int8<64>;
+  const std::vector<long long> ids = kTwoByTwo;
+  const q::ShardLayout layout(1000, 4, q::granule_for(4, {F::block}));
+  const std::size_t P = layout.padded_numel(), S = layout.shard_numel();
+  q::HopOptions h;
+  h.rotation = q::Rotation{6, 8};
+  for (int plan_kind = 0; plan_kind < 2; ++plan_kind) {
+    const char* argument = plan_kind == 0 ? "full" : "replica";
+    std::vector<std::string> errors(4);
+    std::vector<std::uint32_t> flags(4);
+    std::vector<Bytes> outs(4);
+    q::CudaLocalGroup g(4, ids);
+    g.run([&](q::CudaLocalTransport& t) {
+      const int r = t.rank();
+      const auto ri = static_cast<std::size_t>(r);
+      const cudaStream_t s = t.stream();
+      q::QuantizedAllGather<float, F, q::CudaLocalTransport> ag(t, layout, h);
+      q::DeltaAllGather<float, F, q::CudaLocalTransport> qwd(t, layout);
+      const std::size_t wb = std::max(ag.workspace_bytes(), qwd.workspace_bytes());
+      DeviceBytes ws(wb), shard(S * 4), out(P * 4);
+      std::vector<float> pageable(P, 0.0f);
+      const std::vector<float> x = harness::make_input<float>(2, r, S, S);
+      QCOLL_CUDA_CHECK(cudaMemcpyAsync(shard.as(), x.data(), S * 4, cudaMemcpyHostToDevice, s));
+      QCOLL_CUDA_CHECK(cudaMemsetAsync(out.as(), 0x7B, P * 4, s));
+      QCOLL_CUDA_CHECK(cudaStreamSynchronize(s));
+      t.barrier();
+      float* dst = r == 1 ? pageable.data() : out.as<float>();
+      try {
+        if (plan_kind == 0) {
+          ag(shard.as<float>(), dst, ws.as(), wb, s);
+        } else {
+          qwd(shard.as<float>(), dst, ws.as(), wb, s);
+        }
+      } catch (const q::Error& e) {
+        errors[ri] = e.what();
+      }
+      flags[ri] = q::gpu::read_result_flags(ws.as(), s);
+      outs[ri] = download(out.as(), P * 4, s);
+      t.barrier();
+    });
+    for (std::size_t r = 0; r < 4; ++r) {
+      const std::string where =
+          std::string(plan_kind == 0 ? "rotated all-gather" : "qWD") + ", rank " + std::to_string(r) + ": ";
+      if (r == 1) {
+        CHECK_MESSAGE(errors[r].find(std::string("'") + argument + "'") != std::string::npos,
+                      where << "expected an error naming '" << argument << "', got: " << errors[r]);
+      } else {
+        CHECK_MESSAGE(errors[r].empty(), where << errors[r]);
+      }
+      CHECK_MESSAGE((flags[r] & q::kResultRejected) != 0, where << "flags " << flags[r]);
+      CHECK_MESSAGE(outs[r] == Bytes(P * 4, 0x7B), where << "the rejected call wrote the output");
+    }
   }
 }
 
