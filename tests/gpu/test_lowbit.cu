@@ -23,6 +23,9 @@
 //     kResultBadResidual, every rank kResultRejected, no output and no state is written; a null
 //     state on one rank: it throws naming `residual`, its peers get kResultRejected.
 //
+//   - NcclTransport on a one-rank communicator (GPU builds with NCCL): a rotated all-gather and a
+//     rotated reduce-scatter with feedback equal the host path.
+//
 // Exits with 77 (reported as skipped by CTest) when there is no CUDA device.
 
 #include "common/gpu_main.hpp"
@@ -39,11 +42,22 @@
 #include <type_traits>
 #include <vector>
 
+#if defined(QCOLL_HAVE_NCCL) && !QCOLL_HAVE_NCCL
+#define QCOLL_HAS_NCCL 0  // the build has NCCL disabled: leave the NCCL transport out
+#endif
+
 // Before the CUDA headers: the harness names qcoll's `half` unqualified.
 #include "common/collective_harness.hpp"
 #include "common/watchdog.hpp"
 
 #include <qcoll/qcoll.cuh>
+#include "common/nccl_one_rank.hpp"
+
+#if defined(QCOLL_HAVE_NCCL) && QCOLL_HAVE_NCCL && QCOLL_HAS_NCCL
+#define TEST_LOWBIT_NCCL 1
+#else
+#define TEST_LOWBIT_NCCL 0
+#endif
 
 namespace {
 
@@ -154,6 +168,66 @@ Outcome run_host(const std::vector<long long>& ids, std::size_t out_count,
   return o;
 }
 
+//! One rank's share of run_device over a device transport `t` on stream `s` (collective: every
+//! rank of t calls it). Writes the rank's results into o.
+template <bool Fb, class T, class Tr, class Make, class Corrupt>
+void device_rank(Tr& t, cudaStream_t s, const std::vector<long long>& ids, std::size_t out_count,
+                 const std::vector<std::vector<std::vector<T>>>& in, Make& make, const q::FeedbackOptions& fb,
+                 Corrupt& corrupt, bool graph, Outcome& o) {
+  const int r = t.rank();
+  const auto ri = static_cast<std::size_t>(r);
+  auto plan = make(t, q::Topology::from_node_ids(ids, r));
+  const std::size_t in_count = in.empty() ? 0 : in[0][ri].size();
+  DeviceBytes ws(plan.workspace_bytes()), din(in_count * sizeof(T)), dout(out_count * sizeof(T));
+  std::size_t state_bytes = 0;
+  if constexpr (Fb) state_bytes = plan.residual_bytes(fb);
+  DeviceBytes state(state_bytes);
+  q::ResidualState rs{state.as(), state_bytes};
+  if constexpr (Fb) {
+    plan.init_residual(state.as(), state_bytes, fb, s);
+    rs = corrupt(r, plan, rs, s);
+  }
+  const auto call = [&] {
+    if constexpr (Fb) {
+      plan(din.as<T>(), dout.as<T>(), ws.as(), ws.size(), rs, s);
+    } else {
+      plan(din.as<T>(), dout.as<T>(), ws.as(), ws.size(), s);
+    }
+  };
+  QCOLL_CUDA_CHECK(cudaStreamSynchronize(s));
+  t.barrier();  // every rank's buffers exist before any rank's kernels wait for its peers
+  cudaGraph_t captured = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  if (graph) {
+    QCOLL_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    call();
+    QCOLL_CUDA_CHECK(cudaStreamEndCapture(s, &captured));
+    QCOLL_CUDA_CHECK(cudaGraphInstantiate(&exec, captured, 0));
+    t.barrier();  // no rank is still capturing or instantiating when the first replay waits for it
+  }
+  for (const auto& step : in) {
+    QCOLL_CUDA_CHECK(cudaMemsetAsync(dout.as(), 0x7B, out_count * sizeof(T), s));
+    if (in_count > 0)
+      QCOLL_CUDA_CHECK(
+          cudaMemcpyAsync(din.as(), step[ri].data(), in_count * sizeof(T), cudaMemcpyHostToDevice, s));
+    if (graph) {
+      QCOLL_CUDA_CHECK(cudaGraphLaunch(exec, s));
+    } else {
+      call();
+    }
+    o.out[ri].push_back(download(dout.as(), out_count * sizeof(T), s));
+    o.flags[ri].push_back(q::gpu::read_result_flags(ws.as(), s));
+    if constexpr (Fb) o.states[ri].push_back(download(state.as(), state_bytes, s));
+  }
+  o.state[ri] = download(state.as(), state_bytes, s);
+  t.barrier();  // every rank's stream is idle before any buffer is freed
+  if (graph) {
+    QCOLL_CUDA_CHECK(cudaGraphExecDestroy(exec));
+    QCOLL_CUDA_CHECK(cudaGraphDestroy(captured));
+    t.barrier();
+  }
+}
+
 //! The same calls on the device over CudaLocalTransport; `corrupt(rank, plan, state, stream)`
 //! may spoil a rank's state after init_residual (it returns the ResidualState to pass). With
 //! `graph`, the call is captured once in a CUDA graph and every step replays it.
@@ -161,63 +235,10 @@ template <bool Fb, class T, class Make, class Corrupt>
 Outcome run_device(const std::vector<long long>& ids, std::size_t out_count,
                    const std::vector<std::vector<std::vector<T>>>& in, Make&& make,
                    const q::FeedbackOptions& fb, Corrupt&& corrupt, bool graph = false) {
-  const int W = static_cast<int>(ids.size());
-  Outcome o(W);
-  q::CudaLocalGroup g(W, ids);
+  Outcome o(static_cast<int>(ids.size()));
+  q::CudaLocalGroup g(static_cast<int>(ids.size()), ids);
   g.run([&](q::CudaLocalTransport& t) {
-    const int r = t.rank();
-    const auto ri = static_cast<std::size_t>(r);
-    const cudaStream_t s = t.stream();
-    auto plan = make(t, q::Topology::from_node_ids(ids, r));
-    const std::size_t in_count = in.empty() ? 0 : in[0][ri].size();
-    DeviceBytes ws(plan.workspace_bytes()), din(in_count * sizeof(T)), dout(out_count * sizeof(T));
-    std::size_t state_bytes = 0;
-    if constexpr (Fb) state_bytes = plan.residual_bytes(fb);
-    DeviceBytes state(state_bytes);
-    q::ResidualState rs{state.as(), state_bytes};
-    if constexpr (Fb) {
-      plan.init_residual(state.as(), state_bytes, fb, s);
-      rs = corrupt(r, plan, rs, s);
-    }
-    const auto call = [&] {
-      if constexpr (Fb) {
-        plan(din.as<T>(), dout.as<T>(), ws.as(), ws.size(), rs, s);
-      } else {
-        plan(din.as<T>(), dout.as<T>(), ws.as(), ws.size(), s);
-      }
-    };
-    QCOLL_CUDA_CHECK(cudaStreamSynchronize(s));
-    t.barrier();  // every rank's buffers exist before any rank's kernels wait for its peers
-    cudaGraph_t captured = nullptr;
-    cudaGraphExec_t exec = nullptr;
-    if (graph) {
-      QCOLL_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-      call();
-      QCOLL_CUDA_CHECK(cudaStreamEndCapture(s, &captured));
-      QCOLL_CUDA_CHECK(cudaGraphInstantiate(&exec, captured, 0));
-      t.barrier();  // no rank is still capturing or instantiating when the first replay waits for it
-    }
-    for (const auto& step : in) {
-      QCOLL_CUDA_CHECK(cudaMemsetAsync(dout.as(), 0x7B, out_count * sizeof(T), s));
-      if (in_count > 0)
-        QCOLL_CUDA_CHECK(
-            cudaMemcpyAsync(din.as(), step[ri].data(), in_count * sizeof(T), cudaMemcpyHostToDevice, s));
-      if (graph) {
-        QCOLL_CUDA_CHECK(cudaGraphLaunch(exec, s));
-      } else {
-        call();
-      }
-      o.out[ri].push_back(download(dout.as(), out_count * sizeof(T), s));
-      o.flags[ri].push_back(q::gpu::read_result_flags(ws.as(), s));
-      if constexpr (Fb) o.states[ri].push_back(download(state.as(), state_bytes, s));
-    }
-    o.state[ri] = download(state.as(), state_bytes, s);
-    t.barrier();  // every rank's stream is idle before any buffer is freed
-    if (graph) {
-      QCOLL_CUDA_CHECK(cudaGraphExecDestroy(exec));
-      QCOLL_CUDA_CHECK(cudaGraphDestroy(captured));
-      t.barrier();
-    }
+    device_rank<Fb, T>(t, t.stream(), ids, out_count, in, make, fb, corrupt, graph, o);
   });
   return o;
 }
@@ -832,5 +853,43 @@ TEST_CASE(
     }
   }
 }
+
+#if TEST_LOWBIT_NCCL
+TEST_CASE(
+    "nccl, one rank: a rotated all-gather and a rotated reduce-scatter with feedback equal the host path") {
+  testing_support::Watchdog dog(kWatchdogSeconds, "nccl");
+  QCOLL_CUDA_CHECK(cudaSetDevice(0));
+  OneRankComm comm;
+  q::NcclTransport t(comm.comm);
+  cudaStream_t s;
+  QCOLL_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  const std::vector<long long> ids = {0};
+  using F = q::Int4<64>;
+  const q::ShardLayout layout(3001, 1, q::granule_for(4, {F::block}));
+  const auto in = inputs<float>(44, 3, 1, layout.padded_numel(), layout.numel());
+  q::ReduceScatterOptions opts;
+  opts.hop1.rotation = q::Rotation{6, 2};
+  const auto make_rs = [&](auto& tr, const q::Topology& topo) {
+    using Tr = std::decay_t<decltype(tr)>;
+    return q::QuantizedReduceScatter<float, F, F, Tr>(tr, topo, layout, q::Reduce::mean, q::Hops::one, opts);
+  };
+  const q::FeedbackOptions fb;
+  NoCorruption none;
+  Outcome dev(1);
+  device_rank<true, float>(t, s, ids, layout.shard_numel(), in, make_rs, fb, none, false, dev);
+  compare(dev, run_host<true, float>(ids, layout.shard_numel(), in, make_rs, fb),
+          "nccl: rotated QuantizedReduceScatter with feedback");
+  const auto make_ag = [&](auto& tr, const q::Topology&) {
+    using Tr = std::decay_t<decltype(tr)>;
+    return q::QuantizedAllGather<float, F, Tr>(tr, layout, opts.hop1);
+  };
+  const auto shards = shard_inputs<float>(45, 2, layout);
+  Outcome dev_ag(1);
+  device_rank<false, float>(t, s, ids, layout.padded_numel(), shards, make_ag, fb, none, false, dev_ag);
+  compare(dev_ag, run_host<false, float>(ids, layout.padded_numel(), shards, make_ag, fb),
+          "nccl: rotated QuantizedAllGather");
+  QCOLL_CUDA_CHECK(cudaStreamDestroy(s));
+}
+#endif
 
 }  // namespace
