@@ -464,3 +464,30 @@ TEST_CASE("rotation and error feedback together: the mean delivered gradient sta
   });
   for (int r = 0; r < W; ++r) CHECK(err_fb[r] * 10 < err_plain[r]);
 }
+
+TEST_CASE("rotation in every stage of the all-reduce: the reduce-scatter then the all-gather, bit for bit") {
+  const int W = 8;
+  using G = Int8<32>;
+  const ShardLayout layout(3001, W, granule_for(4, {F::block, G::block}));
+  const HopOptions h1{Rounding::nearest, 0, Rotation{5, 11}}, h2{Rounding::stochastic, 4, Rotation{3, 12}};
+  const HopOptions hg{Rounding::nearest, 0, Rotation{4, 13}};
+  LocalGroup g(W, kIds);
+  g.run([&](LocalTransport& t) {
+    const int me = t.rank();
+    const Topology topo = Topology::from_node_ids(kIds, me);
+    QuantizedAllReduce<float, F, F, G, LocalTransport> ar(t, topo, layout, Reduce::mean, Hops::two,
+                                                          ReduceScatterOptions{h1, h2}, hg);
+    RS rs(t, topo, layout, Reduce::mean, Hops::two, ReduceScatterOptions{h1, h2});
+    QuantizedAllGather<float, G, LocalTransport> ag(t, layout, hg), plain(t, layout, HopOptions{});
+    Workspace ws(std::max({ar.workspace_bytes(), rs.workspace_bytes(), ag.workspace_bytes()}));
+    const std::vector<float> x = heavy(me, layout.padded_numel(), layout.numel());
+    std::vector<float> out(layout.padded_numel()), shard(layout.shard_numel()), full(layout.padded_numel()),
+        unrotated(layout.padded_numel());
+    ar(x.data(), out.data(), ws.ptr, ws.bytes);
+    rs(x.data(), shard.data(), ws.ptr, ws.bytes);
+    ag(shard.data(), full.data(), ws.ptr, ws.bytes);
+    plain(shard.data(), unrotated.data(), ws.ptr, ws.bytes);
+    CHECK(same_bits(out, full));
+    CHECK(!same_bits(out, unrotated));  // the gather stage's rotation took effect
+  });
+}

@@ -32,10 +32,10 @@ class QuantizedAllGather {
   QuantizedAllGather(Transport& world, const ShardLayout& layout, const host::QuantizeOptions& opt = {})
       : QuantizedAllGather(world, layout, HopOptions::from(opt)) {}
 
-  //! As above, with a randomized Hadamard rotation (`hop.rotation`, host transports): each rank
-  //! quantizes its rotated shard, span by span, and every rank rotates each decoded shard back.
-  //! Also throws (on every rank) if the rotation's span does not divide F's block, or a rotation is
-  //! asked for on a device transport.
+  //! As above, with a randomized Hadamard rotation (`hop.rotation`): each rank quantizes its
+  //! rotated shard, span by span, and every rank rotates each decoded shard back (on device
+  //! transports too, with the same bits). Also throws (on every rank) if the rotation's span does
+  //! not divide F's block.
   QuantizedAllGather(Transport& world, const ShardLayout& layout, const HopOptions& hop)
       : world_(world),
         layout_(layout),
@@ -48,9 +48,6 @@ class QuantizedAllGather {
       detail::check_blocks("QuantizedAllGather", layout, F::block, format_name(F::id));
       detail::check_layout_transport<Transport>("QuantizedAllGather", layout);
       check_rotation("QuantizedAllGather", hop.rotation, F::block);
-      QCOLL_REQUIRE(!detail::on_device<Transport> || !hop.rotation.enabled(), "QuantizedAllGather",
-                    "hop.rotation", "a Hadamard rotation", "runs on",
-                    "host transports only (the device path has none yet)");
     });
     detail::agree_on_call(world, calls_.id, err, false, "QuantizedAllGather");
   }
@@ -149,7 +146,8 @@ class QuantizedAllGather {
     return id;
   }
 
-  // The gather's pieces, then (rotation only) a float scratch of one shard.
+  // The gather's pieces, then (rotation only) a float scratch of one shard (the rotated shard
+  // before it is quantized).
   struct Pieces : detail::GatherPieces {
     float* scratch;
   };

@@ -39,6 +39,11 @@ constexpr std::uint32_t kResultRejected = kFlagRejected;
 //! Result flag of a device call: a received message did not match the plan; this rank's output
 //! was not written. (Host calls throw instead.)
 constexpr std::uint32_t kResultBadMessage = kFlagBadMessage;
+//! Result flag of a device call with error feedback: this rank's residual state failed the
+//! device-side header check (never initialised, another plan's, or sizes, bytes or decay that do
+//! not fit); this rank sent its messages marked rejected, so every rank of the call sees
+//! kResultRejected, and no output or residual was written. (Host calls throw instead.)
+constexpr std::uint32_t kResultBadResidual = 8u;
 
 //! How one hop (or stage) of a collective quantizes: rounding, the stochastic-rounding seed (made
 //! distinct per rank and hop inside the plans) and the randomized Hadamard rotation applied before

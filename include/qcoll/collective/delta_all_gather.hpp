@@ -29,7 +29,13 @@ QCOLL_NAMESPACE_BEGIN
 //! and agree on the call (its CallIdentity, kind "delta all-gather" or "resync", and the call
 //! number) and on every rank's arguments before anything is sent. Padding (elements >= numel) is
 //! neither sent as data nor changed in the replica. Wire bytes per rank: packed_bytes<F>(shard_numel)
-//! to each of the W - 1 peers. Host transports only, for now.
+//! to each of the W - 1 peers.
+//!
+//! On device transports (include <qcoll/qcoll.cuh>) the calls take device buffers and a stream,
+//! and are stream-ordered with no allocation and no host synchronisation, as the other device
+//! plans (collective/device.cuh): result flags in the workspace's first word, a rank's bad
+//! argument sent to its peers as rejected messages, no replica written when a rank rejected or a
+//! message did not match. The replicas equal the host path's bit for bit.
 template <class T, class F, class Transport>
 class DeltaAllGather {
  public:
@@ -37,11 +43,11 @@ class DeltaAllGather {
   //! has a different number of parts than `world` has ranks, or shards are not whole blocks of F.
   DeltaAllGather(Transport& world, const ShardLayout& layout, const host::QuantizeOptions& opt = {})
       : world_(world), layout_(layout), opt_(opt), calls_{identity(layout, opt)} {
-    static_assert(!detail::on_device<Transport>, "DeltaAllGather runs on host transports");
     const std::string err = detail::local_check([&] {
       QCOLL_REQUIRE(layout.parts() == world.size(), "DeltaAllGather", "layout.parts()", layout.parts(),
                     "differs from the world size", world.size());
       detail::check_blocks("DeltaAllGather", layout, F::block, format_name(F::id));
+      detail::check_layout_transport<Transport>("DeltaAllGather", layout);
     });
     detail::agree_on_call(world, calls_.id, err, false, "DeltaAllGather");
   }
@@ -51,7 +57,8 @@ class DeltaAllGather {
   //! The layout.
   const ShardLayout& layout() const { return layout_; }
 
-  //! Workspace of a difference call, in bytes (64-byte aligned host memory).
+  //! Workspace of a difference call, in bytes (64-byte aligned; device memory for a device
+  //! transport).
   std::size_t workspace_bytes() const { return carve<F>(nullptr).bytes; }
   //! Workspace of resync<G>(), in bytes.
   template <class G>
@@ -62,37 +69,69 @@ class DeltaAllGather {
   //! Sends this rank's difference and applies every rank's to `replica`. `shard`: this rank's new
   //! weights (shard_numel() elements); `replica`: padded_numel() elements, the same bits on every
   //! rank (this plan keeps them so). They must not overlap each other or the workspace, and are
-  //! aligned to alignof(T). Returns kResultNonFinite if any
-  //! rank's difference held NaN or Inf (the same on every rank; those blocks become NaN in every
-  //! replica). O(padded_numel) work.
-  std::uint32_t operator()(const T* shard, T* replica, void* workspace, std::size_t workspace_bytes) {
-    return call<F>(6, shard, replica, workspace, workspace_bytes);
+  //! aligned to alignof(T). Host transports: returns kResultNonFinite if any rank's difference
+  //! held NaN or Inf (the same on every rank; those blocks become NaN in every replica). Device
+  //! transports: returns nothing, the flags go to the workspace. O(padded_numel) work.
+  auto operator()(const T* shard, T* replica, void* workspace, std::size_t workspace_bytes,
+                  typename Transport::stream_type stream = {}) {
+    return dispatch<F>(6, shard, replica, workspace, workspace_bytes, stream);
   }
 
   //! Sends this rank's weights in format G and sets every replica's shard q to the decoded
   //! weights of rank q. Same arguments and checks as operator(), with resync_workspace_bytes<G>().
   template <class G>
-  std::uint32_t resync(const T* shard, T* replica, void* workspace, std::size_t workspace_bytes) {
-    return call<G>(7, shard, replica, workspace, workspace_bytes);
+  auto resync(const T* shard, T* replica, void* workspace, std::size_t workspace_bytes,
+              typename Transport::stream_type stream = {}) {
+    return dispatch<G>(7, shard, replica, workspace, workspace_bytes, stream);
   }
 
  private:
   struct Pieces {
+    detail::DeviceControl control;  // device: the result word and the quantizers' scratch
     float* diff;
-    detail::GatherPieces gather;
+    unsigned char* send;
+    unsigned char* recv;
     std::size_t bytes;
   };
   template <class G>
   Pieces carve(void* base) const {
     WorkspaceCarver c(base);
     Pieces p{};
+    p.control = detail::take_control(c, detail::on_device<Transport>);
     p.diff = c.take<float>(layout_.shard_numel());
-    const std::size_t head = c.bytes();
-    p.gather = detail::carve_gather(base == nullptr ? nullptr : static_cast<unsigned char*>(base) + head,
-                                    packed_bytes<G>(layout_.shard_numel()), world_.size(), false);
-    p.bytes = head + p.gather.bytes;
+    const std::size_t P = packed_bytes<G>(layout_.shard_numel());
+    p.send = c.take<unsigned char>(P);
+    p.recv = c.take<unsigned char>(P, static_cast<std::size_t>(world_.size()));
+    p.bytes = c.bytes();
     return p;
   }
+
+  template <class G>
+  auto dispatch(int kind, const T* shard, T* replica, void* workspace, std::size_t workspace_bytes,
+                typename Transport::stream_type stream) {
+    if constexpr (detail::on_device<Transport>) {
+      const std::string err = device_call<G>(kind, shard, replica, workspace, workspace_bytes, stream);
+      if (!err.empty()) throw Error(err);
+    } else {
+      (void)stream;
+      return call<G>(kind, shard, replica, workspace, workspace_bytes);
+    }
+  }
+
+  // The identity of the next call: kind 6 (a difference) or 7 (a resync), format G.
+  template <class G>
+  CallIdentity next_call(int kind) {
+    CallIdentity call = calls_.next();
+    call.word[CallIdentity::kind] = static_cast<std::uint64_t>(kind);
+    detail::set_format<G>(call, 2);
+    return call;
+  }
+
+  // Device data path (collective/device.cuh): enqueues the call; returns this rank's argument
+  // error ("" if none) after taking part in the exchange.
+  template <class G>
+  std::string device_call(int kind, const T* shard, T* replica, void* workspace, std::size_t workspace_bytes,
+                          typename Transport::stream_type stream);
 
   // kind 6: a difference in format G (= F); kind 7: a resync in format G.
   template <class G>
@@ -100,9 +139,7 @@ class DeltaAllGather {
     const char* fn = kind == 6 ? "DeltaAllGather" : "DeltaAllGather::resync";
     const std::size_t S = layout_.shard_numel(), P = packed_bytes<G>(S);
     const int r = world_.rank();
-    CallIdentity call = calls_.next();
-    call.word[CallIdentity::kind] = static_cast<std::uint64_t>(kind);
-    detail::set_format<G>(call, 2);
+    const CallIdentity call = next_call<G>(kind);
     const Pieces p = carve<G>(workspace);
     bool nonfinite = false;
     const std::string err = detail::local_check([&] {
@@ -121,13 +158,13 @@ class DeltaAllGather {
       o.index_base = offset;
       o.tag = call.hash();
       const auto flags = host::detail::quantize_blocks<G, float>(
-          S, detail::LayoutSource<float, G::block>{p.diff, offset, layout_}, p.gather.send, o);
+          S, detail::LayoutSource<float, G::block>{p.diff, offset, layout_}, p.send, o);
       nonfinite = (flags & kFlagNonFinite) != 0;
     });
     const std::uint32_t result = detail::agree_on_call(world_, call, err, nonfinite, fn);
-    world_.all_gather(p.gather.send, p.gather.recv, P);
+    world_.all_gather(p.send, p.recv, P);
     for (int q = 0; q < world_.size(); ++q) {
-      const unsigned char* msg = p.gather.recv + static_cast<std::size_t>(q) * P;
+      const unsigned char* msg = p.recv + static_cast<std::size_t>(q) * P;
       detail::read_call_header<G>(msg, S, call.hash(), fn, "message from a peer");
       T* out = replica + layout_.shard_offset(q);
       if (kind == 6) {

@@ -1,7 +1,7 @@
 #pragma once
 //! \file
 //! The device data path of the collective plans: QuantizedAllGather, QuantizedReduceScatter,
-//! QuantizedAllReduce and SecondaryShard over a transport whose memory_space is
+//! QuantizedAllReduce, SecondaryShard and DeltaAllGather over a transport whose memory_space is
 //! MemorySpace::device (CudaLocalTransport, NcclTransport). Included by those transports' headers
 //! and by <qcoll/qcoll.cuh>.
 //!
@@ -16,7 +16,10 @@
 //! kResultNonFinite (some rank's input held NaN or ±Inf, the same on every rank, as the host
 //! call's return value), kResultRejected (some rank rejected its arguments) and kResultBadMessage
 //! (a received message did not match the plan). With either of the last two, this rank's output
-//! was not written. Read it after the stream has passed the call, e.g. with read_result_flags.
+//! was not written. A call with error feedback may add kResultBadResidual (this rank's residual
+//! state failed the header check; it then also sends rejected messages, so every rank sees
+//! kResultRejected and no state is updated). Read the word after the stream has passed the call,
+//! e.g. with read_result_flags.
 //!
 //! **Per-call agreement without a host synchronisation.** The host path agrees on every call
 //! with a small blocking all-reduce before sending. On the device, the verdict travels with the
@@ -47,9 +50,11 @@
 #include <vector>
 
 #include "../cuda/check.cuh"
+#include "../cuda/lowbit.cuh"
 #include "../cuda/quantize.cuh"
 #include "all_gather.hpp"
 #include "common.hpp"
+#include "delta_all_gather.hpp"
 #include "hpz.hpp"
 #include "reduce_scatter.hpp"
 
@@ -210,6 +215,25 @@ void gather_exchange(Transport& t, const ::qcoll::detail::GatherPieces& p, bool 
   launch_gather_decode<F>(p.recv, P, t.size(), n, out, limit, status, stream);
 }
 
+//! The host-side checks of a device call's error-feedback state (its header lives in device
+//! memory and is checked by a kernel, residual_check_kernel): present, 64-byte aligned, at least a
+//! header's bytes, device memory, and [data, data + bytes) apart from grad, shard and the
+//! workspace. Throws qcoll::Error naming the argument.
+inline void check_residual_state(const char* fn, const ResidualState& r, const void* grad,
+                                 std::size_t grad_bytes, const void* shard, std::size_t shard_bytes,
+                                 const void* ws, std::size_t ws_bytes) {
+  ::qcoll::detail::check_workspace(fn, r.data, r.bytes, sizeof(::qcoll::detail::ResidualHeader), "residual",
+                                   "residual bytes");
+  require_device_accessible(r.data, fn, "residual");
+  const auto* b = static_cast<const unsigned char*>(r.data);
+  const auto apart = [b, &r](const void* q, std::size_t bytes) {
+    const auto* c = static_cast<const unsigned char*>(q);
+    return q == nullptr || bytes == 0 || c + bytes <= b || b + r.bytes <= c;
+  };
+  QCOLL_REQUIRE(apart(grad, grad_bytes) && apart(shard, shard_bytes) && apart(ws, ws_bytes), fn, "residual",
+                r.data, "overlaps", "grad, shard or the workspace");
+}
+
 //! Clears a plan's own result word (when it owns it) and returns the word to use.
 inline std::uint32_t* begin_status(std::uint32_t* external, std::uint32_t* own, cudaStream_t stream) {
   if (external != nullptr) return external;
@@ -271,7 +295,7 @@ std::string QuantizedAllGather<T, F, Transport>::device_call(const T* shard, T* 
                                                              std::uint32_t* status, std::uint32_t report) {
   namespace gd = gpu::detail;
   const char* fn = "QuantizedAllGather";
-  const detail::GatherPieces p = carve(workspace);
+  const Pieces p = carve(workspace);
   gd::check_device_workspace(fn, workspace, workspace_bytes, p.bytes);
   stream = gd::plan_stream(world_, stream, 0);
   const std::size_t S = layout_.shard_numel();
@@ -284,9 +308,34 @@ std::string QuantizedAllGather<T, F, Transport>::device_call(const T* shard, T* 
   host::QuantizeOptions o = opt_;
   o.index_base = layout_.shard_offset(r);
   o.tag = calls_.next().hash();
-  gd::gather_exchange<F>(world_, p, err.empty(),
-                         gd::TensorInput<T>{shard, gpu::SourceMap::identity(layout_.valid_in_shard(r)), S}, o,
-                         full, layout_.numel(), st, report, stream);
+  if (!rotation_.enabled()) {
+    gd::gather_exchange<F>(world_, p, err.empty(),
+                           gd::TensorInput<T>{shard, gpu::SourceMap::identity(layout_.valid_in_shard(r)), S},
+                           o, full, layout_.numel(), st, report, stream);
+    return err;
+  }
+  // Rotated: the shard as floats, rotated span by span, quantized with its whole spans as data;
+  // every received message decoded, rotated back and stored (as the host path, same bits).
+  const std::size_t valid = layout_.valid_in_shard(r), tile = gd::rotation_tile(rotation_);
+  const std::size_t P = message_bytes();
+  if (err.empty()) {
+    gd::rotate_shard_kernel<T><<<gd::grid_for(S, tile), gd::kThreads, 0, stream>>>(
+        shard, S, valid, rotation_, layout_.shard_offset(r), tile, p.scratch);
+    QCOLL_CUDA_CHECK_LAUNCH();
+    gd::launch_quantize<F>(
+        gd::TensorInput<float>{p.scratch, gpu::SourceMap::identity(rotated_count(valid, rotation_)), S},
+        p.send, o, stream, p.control.scratch);
+  } else {
+    gd::launch_reject<F>(p.send, P, 1, S, o.tag, stream);
+  }
+  world_.all_gather(p.send, p.recv, P, stream);
+  gd::launch_verify<F>(p.recv, P, world_.size(), S, o.tag, st, report, stream);
+  if (S > 0) {
+    const dim3 grid(gd::grid_for(S, tile), static_cast<unsigned>(world_.size()));
+    gd::unrotate_gather_kernel<F, T>
+        <<<grid, gd::kThreads, 0, stream>>>(p.recv, P, S, rotation_, tile, full, layout_.numel(), st);
+    QCOLL_CUDA_CHECK_LAUNCH();
+  }
   return err;
 }
 
@@ -297,7 +346,8 @@ std::string QuantizedAllGather<T, F, Transport>::device_call(const T* shard, T* 
 template <class T, class F1, class F2, class Transport>
 std::string QuantizedReduceScatter<T, F1, F2, Transport>::device_call(
     const T* grad, T* shard, void* workspace, std::size_t workspace_bytes,
-    typename Transport::stream_type stream, std::uint32_t* status, std::uint32_t report) {
+    typename Transport::stream_type stream, std::uint32_t* status, std::uint32_t report,
+    const ResidualState* residual) {
   namespace gd = gpu::detail;
   const char* fn = "QuantizedReduceScatter";
   const Pieces p = carve(workspace);
@@ -306,64 +356,163 @@ std::string QuantizedReduceScatter<T, F1, F2, Transport>::device_call(
   const std::size_t S = layout_.shard_numel(), padded = layout_.padded_numel(), numel = layout_.numel();
   const int r = world_.rank();
   std::uint32_t* const st = gd::begin_status(status, p.control.status, stream);
+  const std::size_t n1 = hop1_count(), P1 = hop1_message_bytes();
+  const bool two = hops_ == Hops::two;
   const std::string err = detail::local_check([&] {
     check_arguments(fn, grad, shard, workspace, workspace_bytes);
     if (padded > 0) gpu::require_device_accessible(grad, fn, "grad");
     if (S > 0) gpu::require_device_accessible(shard, fn, "shard");
+    if (residual != nullptr)
+      gd::check_residual_state(fn, *residual, grad, padded * sizeof(T), shard, S * sizeof(T), workspace,
+                               workspace_bytes);
   });
-  const std::size_t n1 = hop1_count(), P1 = hop1_message_bytes();
   const int k1 = hop1_messages();
   const std::uint64_t tag = calls_.next().hash();
   host::QuantizeOptions o = quantize_options(1, tag);
-  const bool two = hops_ == Hops::two;
   const int N = topo_.num_nodes(), L = topo_.ranks_per_node(), j = topo_.local_index();
+  const Rotation& r1 = hop_.hop1.rotation;
+  const Rotation& r2 = two ? hop_.hop2.rotation : r1;  // the domain of the final sums
+  // The residual: its header is checked on the device (the host cannot read it without a sync).
+  gd::ResidualArgs res{};
+  if (residual != nullptr && err.empty())
+    res = gd::ResidualArgs{static_cast<unsigned char*>(residual->data), residual->bytes, calls_.id.hash(),
+                           padded, two ? n1 : 0};
+  const bool float1 = r1.enabled() || res.data != nullptr;  // hop 1 through floats (p.acc)
+  const std::size_t tile1 = gd::rotation_tile(r1);
+  // Where hop-1 message q reads the gradient (the qgZ reorder for two hops).
+  const auto map1 = [&](int q) {
+    return two ? gpu::SourceMap::qgz(numel, S, N, L, p.table, static_cast<std::size_t>(q) * n1)
+               : gpu::SourceMap::identity(numel, layout_.shard_offset(q));
+  };
   // Hop 1: quantize (the qgZ reorder fused in for two hops), or mark the messages rejected.
   if (!err.empty()) {
     gd::launch_reject<F1>(p.send1, P1, k1, n1, tag, stream);
-  } else if (!two) {
-    for (int q = 0; q < k1; ++q) {
-      o.index_base = layout_.shard_offset(q);
-      gd::launch_quantize<F1>(
-          gd::TensorInput<T>{grad, gpu::SourceMap::identity(numel, layout_.shard_offset(q)), S},
-          p.send1 + static_cast<std::size_t>(q) * P1, o, stream, p.control.scratch);
-    }
   } else {
-    gd::upload_table(p.table, rank_at_, stream);
-    for (int q = 0; q < L; ++q) {
-      const std::size_t first = static_cast<std::size_t>(q) * n1;  // reordered position of chunk q
-      o.index_base = first;
-      gd::launch_quantize<F1>(
-          gd::TensorInput<T>{grad, gpu::SourceMap::qgz(numel, S, N, L, p.table, first), n1},
-          p.send1 + static_cast<std::size_t>(q) * P1, o, stream, p.control.scratch);
+    if (two) gd::upload_table(p.table, rank_at_, stream);
+    for (int q = 0; q < k1; ++q) {
+      const gpu::SourceMap map = map1(q);
+      o.index_base = map.position0;
+      unsigned char* msg = p.send1 + static_cast<std::size_t>(q) * P1;
+      if (!float1) {
+        gd::launch_quantize<F1>(gd::TensorInput<T>{grad, map, n1}, msg, o, stream, p.control.scratch);
+        continue;
+      }
+      gd::hop1_float_kernel<F1, T><<<gd::grid_for(n1, tile1), gd::kThreads, 0, stream>>>(
+          grad, map, n1, r1, tile1, res, p.acc, false, nullptr, nullptr);
+      QCOLL_CUDA_CHECK_LAUNCH();
+      gd::launch_quantize<F1>(gd::BlockFloatInput<F1::block>{p.acc, map, n1, r1}, msg, o, stream,
+                              p.control.scratch);
+    }
+    if (res.data != nullptr) {
+      gd::residual_check_kernel<<<1, 1, 0, stream>>>(res, st, kResultBadResidual, p.send1, P1, k1);
+      QCOLL_CUDA_CHECK_LAUNCH();
     }
   }
   gd::launch_spread(p.send1, P1, k1, nullptr, stream);
   const std::size_t valid = layout_.valid_in_shard(r);
   const gd::PostOp post{op_ == Reduce::mean ? static_cast<float>(world_.size()) : 1.0f, true};
+  // The reduced shard: sums of k messages of F, rotated back when the domain is rotated.
+  const auto finish = [&](auto format, const unsigned char* msgs, std::size_t stride, int k) {
+    using F = decltype(format);
+    if (!r2.enabled()) {
+      gd::launch_reduce<F>(msgs, stride, k, S, post, shard, valid, st, stream);
+    } else if (S > 0) {
+      const std::size_t tile = gd::rotation_tile(r2);
+      gd::unrotate_reduce_kernel<F, T><<<gd::grid_for(S, tile), gd::kThreads, 0, stream>>>(
+          msgs, stride, k, S, rotated_count(valid, r2), r2, layout_.shard_offset(r), tile, post, shard, valid,
+          st);
+      QCOLL_CUDA_CHECK_LAUNCH();
+    }
+  };
+  // The hop-1 residual update, after the last exchange (skipped when the output is not written).
+  const auto keep1 = [&] {
+    if (res.data == nullptr) return;
+    for (int q = 0; q < k1; ++q) {
+      gd::hop1_float_kernel<F1, T><<<gd::grid_for(n1, tile1), gd::kThreads, 0, stream>>>(
+          grad, map1(q), n1, r1, tile1, res, nullptr, true, p.send1 + static_cast<std::size_t>(q) * P1, st);
+      QCOLL_CUDA_CHECK_LAUNCH();
+    }
+  };
   if (!two) {
     world_.all_to_all(p.send1, p.recv1, P1, stream);
     gd::launch_verify<F1>(p.recv1, P1, k1, S, tag, st, report, stream);
-    gd::launch_reduce<F1>(p.recv1, P1, k1, S, post, shard, valid, st, stream);
+    finish(F1{}, p.recv1, P1, k1);
+    keep1();
     return err;
   }
   intra_.all_to_all(p.send1, p.recv1, P1, stream);
   gd::launch_verify<F1>(p.recv1, P1, L, n1, tag, st, report, stream);
-  // Sum the L chunks and re-quantize each node's slice of the partial sum, without writing it out.
+  // Sum the L chunks and re-quantize each node's slice of the partial sum.
   host::QuantizeOptions o2 = quantize_options(2, tag);
   const std::size_t P2 = hop2_message_bytes();
-  const bool aligned1 = gd::is_aligned16(p.recv1) && P1 % 16 == 0;
-  for (int m = 0; m < N; ++m) {
-    const int owner = rank_at_[static_cast<std::size_t>(m * L + j)];
-    o2.index_base = layout_.shard_offset(owner);
-    gd::launch_quantize<F2>(gd::ReduceInput<F1>{p.recv1, P1, L, n1, static_cast<std::size_t>(m) * S, S,
-                                                layout_.valid_in_shard(owner), gd::PostOp{}, aligned1},
-                            p.send2 + static_cast<std::size_t>(m) * P2, o2, stream, p.control.scratch);
+  const bool float2 = r1.enabled() || r2.enabled() || res.data != nullptr;
+  // Global offset and data elements of node slices [m0, m0 + count) of the hop-1 sum.
+  const auto slice_table = [&](int m0, int count) {
+    gd::SliceTable t{};
+    for (int i = 0; i < count; ++i) {
+      const int owner = rank_at_[static_cast<std::size_t>((m0 + i) * L + j)];
+      t.first[i] = layout_.shard_offset(owner);
+      t.valid[i] = layout_.valid_in_shard(owner);
+    }
+    return t;
+  };
+  if (!float2) {  // plain: the sums are formed on the fly, never written out
+    const bool aligned1 = gd::is_aligned16(p.recv1) && P1 % 16 == 0;
+    for (int m = 0; m < N; ++m) {
+      const int owner = rank_at_[static_cast<std::size_t>(m * L + j)];
+      o2.index_base = layout_.shard_offset(owner);
+      gd::launch_quantize<F2>(gd::ReduceInput<F1>{p.recv1, P1, L, n1, static_cast<std::size_t>(m) * S, S,
+                                                  layout_.valid_in_shard(owner), gd::PostOp{}, aligned1},
+                              p.send2 + static_cast<std::size_t>(m) * P2, o2, stream, p.control.scratch);
+    }
+  } else {  // through floats: the sums into p.acc, moved into hop 2's domain, plus the residual
+    const std::size_t tile2 = gd::rotation_tile(r1, r2);
+    for (int m0 = 0; m0 < N; m0 += gd::SliceTable::kMax) {
+      const int count = N - m0 < gd::SliceTable::kMax ? N - m0 : gd::SliceTable::kMax;
+      const gd::SliceTable slices = slice_table(m0, count);
+      if (S > 0) {
+        gd::hop2_float_kernel<F1>
+            <<<dim3(gd::grid_for(S, tile2), static_cast<unsigned>(count)), gd::kThreads, 0, stream>>>(
+                p.recv1, P1, L, n1, S, m0, slices, r1, r2, !same_rotation(r1, r2), tile2, res, p.acc);
+        QCOLL_CUDA_CHECK_LAUNCH();
+      }
+    }
+    for (int m = 0; m < N; ++m) {
+      const int owner = rank_at_[static_cast<std::size_t>(m * L + j)];
+      o2.index_base = layout_.shard_offset(owner);
+      const std::size_t valid2 = rotated_count(layout_.valid_in_shard(owner), r2);
+      gd::launch_quantize<F2>(gd::TensorInput<float>{p.acc + static_cast<std::size_t>(m) * S,
+                                                     gpu::SourceMap::identity(valid2), S},
+                              p.send2 + static_cast<std::size_t>(m) * P2, o2, stream, p.control.scratch);
+    }
   }
   gd::launch_spread(p.send2, P2, N, st, stream);
   inter_.all_to_all(p.send2, p.recv2, P2, stream);
   gd::launch_verify<F2>(p.recv2, P2, N, S, tag, st, report, stream);
-  gd::launch_reduce<F2>(p.recv2, P2, N, S, post, shard, valid, st, stream);
+  finish(F2{}, p.recv2, P2, N);
+  keep1();
+  if (res.data != nullptr && S > 0) {
+    for (int m0 = 0; m0 < N; m0 += gd::SliceTable::kMax) {
+      const int count = N - m0 < gd::SliceTable::kMax ? N - m0 : gd::SliceTable::kMax;
+      gd::hop2_update_kernel<F2>
+          <<<dim3(gd::grid_for(S, gd::kThreads), static_cast<unsigned>(count)), gd::kThreads, 0, stream>>>(
+              p.send2, P2, S, slice_table(m0, count), m0, r2, res, p.acc, st);
+      QCOLL_CUDA_CHECK_LAUNCH();
+    }
+  }
   return err;
+}
+
+template <class T, class F1, class F2, class Transport>
+void QuantizedReduceScatter<T, F1, F2, Transport>::device_init_residual(
+    void* residual, std::size_t bytes, const detail::ResidualHeader& h,
+    typename Transport::stream_type stream) const {
+  const char* fn = "QuantizedReduceScatter::init_residual";
+  gpu::require_device_accessible(residual, fn, "residual");
+  stream = gpu::detail::plan_stream(world_, stream, 0);
+  QCOLL_CUDA_CHECK(cudaMemsetAsync(residual, 0, bytes, stream));
+  gpu::detail::residual_header_kernel<<<1, 1, 0, stream>>>(static_cast<unsigned char*>(residual), h);
+  QCOLL_CUDA_CHECK_LAUNCH();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -373,7 +522,8 @@ std::string QuantizedReduceScatter<T, F1, F2, Transport>::device_call(
 template <class T, class F1, class F2, class F3, class Transport>
 void QuantizedAllReduce<T, F1, F2, F3, Transport>::device_call(const T* in, T* out, void* workspace,
                                                                std::size_t workspace_bytes,
-                                                               typename Transport::stream_type stream) {
+                                                               typename Transport::stream_type stream,
+                                                               const ResidualState* residual) {
   namespace gd = gpu::detail;
   const Pieces p = carve(workspace);
   gd::check_device_workspace("QuantizedAllReduce", workspace, workspace_bytes, p.bytes);
@@ -389,7 +539,7 @@ void QuantizedAllReduce<T, F1, F2, F3, Transport>::device_call(const T* in, T* o
     gd::check_buffer("QuantizedAllReduce", "in", in, padded, workspace, workspace_bytes);
     gd::check_buffer("QuantizedAllReduce", "out", out, padded, workspace, workspace_bytes);
   });
-  const std::string err1 = rs_.device_call(in, p.shard, p.inner, p.inner_bytes, stream, st, ~0u);
+  const std::string err1 = rs_.device_call(in, p.shard, p.inner, p.inner_bytes, stream, st, ~0u, residual);
   const std::string err2 = ag_.device_call(p.shard, out, p.inner, p.inner_bytes, stream, st, 0u);
   for (const std::string* e : {&err0, &err1, &err2})
     if (!e->empty()) throw Error(*e);
@@ -425,6 +575,58 @@ std::string SecondaryShard<T, F, Transport>::device_gather(T* full, std::uint64_
       gd::TensorInput<T>{storage_.data(),
                          gpu::SourceMap::identity(valid_elements_in(layout_.numel(), offset, S)), S},
       o, full, layout_.numel(), st, ~0u, stream);
+  return err;
+}
+
+// ---------------------------------------------------------------------------------------------
+// DeltaAllGather (qWD)
+// ---------------------------------------------------------------------------------------------
+
+template <class T, class F, class Transport>
+template <class G>
+std::string DeltaAllGather<T, F, Transport>::device_call(int kind, const T* shard, T* replica,
+                                                         void* workspace, std::size_t workspace_bytes,
+                                                         typename Transport::stream_type stream) {
+  namespace gd = gpu::detail;
+  const char* fn = kind == 6 ? "DeltaAllGather" : "DeltaAllGather::resync";
+  const Pieces p = carve<G>(workspace);
+  gd::check_device_workspace(fn, workspace, workspace_bytes, p.bytes);
+  stream = gd::plan_stream(world_, stream, 0);
+  const std::size_t S = layout_.shard_numel(), P = packed_bytes<G>(S), padded = layout_.padded_numel();
+  const int r = world_.rank();
+  std::uint32_t* const st = gd::begin_status(nullptr, p.control.status, stream);
+  const std::string err = detail::local_check([&] {
+    gd::check_buffer(fn, "shard", shard, S, workspace, workspace_bytes);
+    gd::check_buffer(fn, "replica", replica, padded, workspace, workspace_bytes);
+    QCOLL_REQUIRE(
+        shard == nullptr || replica == nullptr || S == 0 || shard + S <= replica || replica + padded <= shard,
+        fn, "shard", static_cast<const void*>(shard), "overlaps", "replica");
+  });
+  const CallIdentity call = next_call<G>(kind);
+  const std::size_t valid = layout_.valid_in_shard(r), offset = layout_.shard_offset(r);
+  host::QuantizeOptions o = opt_;
+  o.seed = detail::rank_seed(opt_.seed, r, 1);
+  o.index_base = offset;
+  o.tag = call.hash();
+  if (err.empty()) {
+    if (valid > 0) {
+      gd::delta_diff_kernel<T><<<gd::grid_for(valid, gd::kThreads), gd::kThreads, 0, stream>>>(
+          shard, replica + offset, valid, kind == 6, p.diff);
+      QCOLL_CUDA_CHECK_LAUNCH();
+    }
+    gd::launch_quantize<G>(gd::TensorInput<float>{p.diff, gpu::SourceMap::identity(valid), S}, p.send, o,
+                           stream, p.control.scratch);
+  } else {
+    gd::launch_reject<G>(p.send, P, 1, S, o.tag, stream);
+  }
+  world_.all_gather(p.send, p.recv, P, stream);
+  gd::launch_verify<G>(p.recv, P, world_.size(), S, o.tag, st, ~0u, stream);
+  if (S > 0) {
+    const dim3 grid(gd::grid_for(S, gd::kThreads), static_cast<unsigned>(world_.size()));
+    gd::delta_apply_kernel<G, T>
+        <<<grid, gd::kThreads, 0, stream>>>(p.recv, P, S, replica, layout_.numel(), kind == 6, st);
+    QCOLL_CUDA_CHECK_LAUNCH();
+  }
   return err;
 }
 

@@ -18,7 +18,8 @@ QCOLL_NAMESPACE_BEGIN
 
 //! A caller's error-feedback state for one call: the buffer given to init_residual() and its size.
 struct ResidualState {
-  void* data = nullptr;   //!< the state (64-byte aligned host memory), initialised by init_residual()
+  void* data = nullptr;   //!< the state (64-byte aligned; host memory, or device memory for a device
+                          //!< transport), initialised by init_residual()
   std::size_t bytes = 0;  //!< its size, at least residual_bytes()
 };
 
@@ -47,7 +48,8 @@ enum class Hops : std::uint8_t {
 //! (ReduceScatterOptions): rounding, seed, and a randomized Hadamard rotation (format/hadamard.hpp):
 //! a hop with a rotation quantizes rotated spans, the sums are formed in the rotated domain (the
 //! rotation is linear and the same on every rank), and the result is rotated back once, on the
-//! reduced shard. Rotations run on host transports; error feedback (feedback.hpp) too.
+//! reduced shard. Rotations and error feedback (feedback.hpp) run on host and device transports
+//! with the same bits.
 template <class T, class F1, class F2, class Transport>
 class QuantizedReduceScatter {
  public:
@@ -64,8 +66,7 @@ class QuantizedReduceScatter {
                                ReduceScatterOptions{HopOptions::from(opt), HopOptions::from(opt)}) {}
 
   //! As above, with each hop's rounding, seed and rotation. Also throws (on every rank) if a
-  //! rotation's span does not divide its hop's block, or a rotation is asked for on a device
-  //! transport.
+  //! rotation's span does not divide its hop's block.
   QuantizedReduceScatter(Transport& world, const Topology& topo, const ShardLayout& layout, Reduce op,
                          Hops hops, const ReduceScatterOptions& options)
       : world_(world),
@@ -119,13 +120,15 @@ class QuantizedReduceScatter {
   //! Writes a fresh (all-zero) error-feedback state of this plan with options `fb` into
   //! residual[0, bytes): before the first call with feedback, and to reset it. Local (no
   //! communication). Throws qcoll::Error if residual is null or not 64-byte aligned, bytes is
-  //! below residual_bytes(fb), or fb.decay is outside (0, 1]. O(residual_bytes).
-  void init_residual(void* residual, std::size_t bytes, const FeedbackOptions& fb = {}) const {
+  //! below residual_bytes(fb), or fb.decay is outside (0, 1]; on a device transport also if it
+  //! is not device memory. Device transports: stream-ordered on `stream` (null: the transport's
+  //! own), a memset and a one-thread kernel, no host synchronisation. O(residual_bytes).
+  void init_residual(void* residual, std::size_t bytes, const FeedbackOptions& fb = {},
+                     typename Transport::stream_type stream = {}) const {
     const char* fn = "QuantizedReduceScatter::init_residual";
     const detail::ResidualLayout l = residual_layout(fb);
     detail::check_workspace(fn, residual, bytes, l.bytes(), "residual", "bytes");
     QCOLL_REQUIRE(fb.decay > 0.0f && fb.decay <= 1.0f, fn, "fb.decay", fb.decay, "is outside", "(0, 1]");
-    std::memset(residual, 0, l.bytes());
     detail::ResidualHeader h{};
     h.magic = detail::kResidualMagic;
     h.hop1 = l.n1 > 0;
@@ -135,26 +138,45 @@ class QuantizedReduceScatter {
     h.plan = calls_.id.hash();
     h.n1 = l.n1;
     h.n2 = l.n2;
-    std::memcpy(residual, &h, sizeof h);
+    if constexpr (detail::on_device<Transport>) {
+      device_init_residual(residual, l.bytes(), h, stream);
+    } else {
+      (void)stream;
+      std::memset(residual, 0, l.bytes());
+      std::memcpy(residual, &h, sizeof h);
+    }
   }
 
-  //! The call with error feedback (host transports): as operator() without it, except that each
-  //! rank quantizes its input plus its residual, and keeps what the codes failed to carry (times
-  //! the decay) as its new residual, per hop as the state was initialised. Where the carried error
-  //! is not finite (a NaN or Inf input) the residual element is set to 0. The state must come from
-  //! init_residual() of this plan (or an identical plan), and must not overlap grad, shard or the
-  //! workspace; otherwise every rank throws before anything is sent. Results and residuals are
-  //! deterministic. O(padded_numel) work.
-  std::uint32_t operator()(const T* grad, T* shard, void* workspace, std::size_t workspace_bytes,
-                           ResidualState residual) {
-    static_assert(!detail::on_device<Transport>, "error feedback runs on host transports");
-    return host_call(grad, shard, workspace, workspace_bytes, &residual);
+  //! The call with error feedback: as operator() without it, except that each rank quantizes its
+  //! input plus its residual, and keeps what the codes failed to carry (times the decay) as its
+  //! new residual, per hop as the state was initialised. Where the carried error is not finite (a
+  //! NaN or Inf input) the residual element is set to 0. The state must come from init_residual()
+  //! of this plan (or an identical plan), and must not overlap grad, shard or the workspace.
+  //! Host transports: otherwise every rank throws before anything is sent; returns the flags as
+  //! operator() does. Device transports (the state in device memory): a null, misaligned,
+  //! non-device or overlapping state is this rank's argument error (it throws after taking part,
+  //! as operator() does); its header is checked by a kernel, and a bad one sets
+  //! kResultBadResidual on this rank and kResultRejected on every rank, writing no output and no
+  //! residual (collective/device.cuh). Residuals are also left unchanged whenever a call's output
+  //! is not written. Results and residuals are deterministic, and equal on host and device.
+  //! O(padded_numel) work.
+  auto operator()(const T* grad, T* shard, void* workspace, std::size_t workspace_bytes,
+                  ResidualState residual, typename Transport::stream_type stream = {}) {
+    if constexpr (detail::on_device<Transport>) {
+      const std::string err =
+          device_call(grad, shard, workspace, workspace_bytes, stream, nullptr, ~0u, &residual);
+      if (!err.empty()) throw Error(err);
+    } else {
+      (void)stream;
+      return host_call(grad, shard, workspace, workspace_bytes, &residual);
+    }
   }
 
-  //! Device data path (collective/device.cuh), as QuantizedAllGather::device_call.
+  //! Device data path (collective/device.cuh), as QuantizedAllGather::device_call; `residual`:
+  //! the error-feedback state of the call, or null.
   std::string device_call(const T* grad, T* shard, void* workspace, std::size_t workspace_bytes,
-                          typename Transport::stream_type stream, std::uint32_t* status,
-                          std::uint32_t report);
+                          typename Transport::stream_type stream, std::uint32_t* status, std::uint32_t report,
+                          const ResidualState* residual = nullptr);
 
   //! The intra-node group of the first hop (two hops) — its counters show hop-1 traffic.
   const SubTransport& intra_node() const { return intra_; }
@@ -164,6 +186,10 @@ class QuantizedReduceScatter {
   const ShardLayout& layout() const { return layout_; }
 
  private:
+  // Device: enqueues a fresh state's zeroes and header (collective/device.cuh).
+  void device_init_residual(void* residual, std::size_t bytes, const detail::ResidualHeader& h,
+                            typename Transport::stream_type stream) const;
+
   std::uint32_t host_call(const T* grad, T* shard, void* workspace, std::size_t workspace_bytes,
                           const ResidualState* residual) {
     const char* fn = "QuantizedReduceScatter";
@@ -284,7 +310,9 @@ class QuantizedReduceScatter {
     p.recv1 = c.take<unsigned char>(P1, k1);
     p.send2 = c.take<unsigned char>(P2, hops_ == Hops::two ? k2 : 0);
     p.recv2 = c.take<unsigned char>(P2, hops_ == Hops::two ? k2 : 0);
-    p.acc = c.take<float>(device ? 0 : hop1_count());  // device: sums are formed on the fly
+    // The fp32 values of one hop-1 message or of the hop-1 sums. The device forms plain sums on
+    // the fly, and uses this for rotations and error feedback.
+    p.acc = c.take<float>(hop1_count());
     p.bytes = c.bytes();
     return p;
   }
@@ -471,11 +499,6 @@ class QuantizedReduceScatter {
         detail::check_blocks("QuantizedReduceScatter", layout, F2::block, format_name(F2::id));
         check_rotation("QuantizedReduceScatter", options.hop2.rotation, F2::block);
       }
-      QCOLL_REQUIRE(
-          !detail::on_device<Transport> ||
-              !(options.hop1.rotation.enabled() || (hops == Hops::two && options.hop2.rotation.enabled())),
-          "QuantizedReduceScatter", "options rotation", "a Hadamard rotation", "runs on",
-          "host transports only (the device path has none yet)");
     });
     detail::agree_on_call(world, id, err, false, "QuantizedReduceScatter");
     return topo;
@@ -510,6 +533,19 @@ class QuantizedAllReduce {
     detail::set_format<F3>(calls_.id, 2);  // the stage formats F1 and F3 (F2 is in the stage's own)
   }
 
+  //! As above, with the reduce-scatter's options per hop (rounding, seed, rotation) and the
+  //! gather stage's (`gather`): e.g. a Hadamard rotation in every stage. Each stage agrees on its
+  //! own options (its identity), so ranks with different options are rejected as in the stages.
+  QuantizedAllReduce(Transport& world, const Topology& topo, const ShardLayout& layout, Reduce op, Hops hops,
+                     const ReduceScatterOptions& options, const HopOptions& gather)
+      : world_(world),
+        rs_(world, topo, layout, op, hops, options),
+        ag_(world, layout, gather),
+        calls_{rs_.identity()} {
+    calls_.id.word[CallIdentity::kind] = 4;
+    detail::set_format<F3>(calls_.id, 2);
+  }
+
   //! Workspace the call needs, in bytes.
   std::size_t workspace_bytes() const { return carve(nullptr).bytes; }
 
@@ -529,15 +565,20 @@ class QuantizedAllReduce {
   //! Bytes of an error-feedback state of the reduce-scatter stage (QuantizedReduceScatter::residual_bytes).
   std::size_t residual_bytes(const FeedbackOptions& fb = {}) const { return rs_.residual_bytes(fb); }
   //! Initialises an error-feedback state of the reduce-scatter stage (QuantizedReduceScatter::init_residual).
-  void init_residual(void* residual, std::size_t bytes, const FeedbackOptions& fb = {}) const {
-    rs_.init_residual(residual, bytes, fb);
+  void init_residual(void* residual, std::size_t bytes, const FeedbackOptions& fb = {},
+                     typename Transport::stream_type stream = {}) const {
+    rs_.init_residual(residual, bytes, fb, stream);
   }
-  //! The call with error feedback in the reduce-scatter stage (host transports); the gather stage
-  //! quantizes the reduced shard as without it.
-  std::uint32_t operator()(const T* in, T* out, void* workspace, std::size_t workspace_bytes,
-                           ResidualState residual) {
-    static_assert(!detail::on_device<Transport>, "error feedback runs on host transports");
-    return host_call(in, out, workspace, workspace_bytes, &residual);
+  //! The call with error feedback in the reduce-scatter stage (host or device transports; see
+  //! QuantizedReduceScatter's); the gather stage quantizes the reduced shard as without it.
+  auto operator()(const T* in, T* out, void* workspace, std::size_t workspace_bytes, ResidualState residual,
+                  typename Transport::stream_type stream = {}) {
+    if constexpr (detail::on_device<Transport>) {
+      device_call(in, out, workspace, workspace_bytes, stream, &residual);
+    } else {
+      (void)stream;
+      return host_call(in, out, workspace, workspace_bytes, &residual);
+    }
   }
 
   //! The reduce-scatter stage (its intra_node()/inter_node() groups carry the hop traffic).
@@ -573,7 +614,7 @@ class QuantizedAllReduce {
 
   // Device data path (collective/device.cuh); throws this rank's argument error after enqueuing.
   void device_call(const T* in, T* out, void* workspace, std::size_t workspace_bytes,
-                   typename Transport::stream_type stream);
+                   typename Transport::stream_type stream, const ResidualState* residual = nullptr);
 
   Pieces carve(void* base) const {
     WorkspaceCarver c(base);
