@@ -18,7 +18,8 @@ QCOLL_NAMESPACE_BEGIN
 //!
 //! A plan is built once (collectively: every rank of `world` constructs it with the same layout
 //! and format) and called every step. Calls on host transports block until done; they allocate
-//! nothing. On device transports (CudaLocalTransport, NcclTransport; include <qcoll/qcoll.cuh>)
+//! nothing; start() / finish() split such a call so the exchange overlaps computation
+//! (docs/overlap.md). On device transports (CudaLocalTransport, NcclTransport; include <qcoll/qcoll.cuh>)
 //! the same call takes device buffers and is stream-ordered: see collective/device.cuh. Wire
 //! bytes per rank: packed_bytes<F>(shard_numel) to each of the W - 1 peers.
 template <class T, class F, class Transport>

@@ -41,7 +41,8 @@ enum class Hops : std::uint8_t {
 //!
 //! Construction is collective over `world` (it splits off the intra- and inter-node groups for two
 //! hops). Calls on host transports block, allocate nothing, and check every argument on every
-//! rank before anything is sent. On device transports the call takes device buffers and is
+//! rank before anything is sent; start() / finish() split such a call so its exchanges overlap
+//! computation (docs/overlap.md). On device transports the call takes device buffers and is
 //! stream-ordered (collective/device.cuh); the results are the host path's, bit for bit.
 //! Stochastic rounding uses a per-rank, per-hop key. Each hop has its own options
 //! (ReduceScatterOptions): rounding, seed, and a randomized Hadamard rotation (format/hadamard.hpp):
