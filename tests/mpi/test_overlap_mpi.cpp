@@ -145,7 +145,7 @@ TEST_CASE("MPI plans: several in flight, finished in different orders on differe
   CHECK(same_bits(e3, f3));
 }
 
-TEST_CASE("MPI plans: finish twice and a second start are rejected") {
+TEST_CASE("MPI plans: finish twice, a second start and a lost handle are rejected") {
   const int W = world_size(), r = world_rank();
   MpiTransport t(MPI_COMM_WORLD, node_ids(W));
   const std::size_t numel = 2048;
@@ -160,6 +160,18 @@ TEST_CASE("MPI plans: finish twice and a second start are rejected") {
   CHECK(second.find("argument 'plan' = call 1 started and not finished") != std::string::npos);
   ag.finish(p);
   CHECK(error_of([&] { ag.finish(p); }).find("an inactive handle") != std::string::npos);
+  CHECK(error_of([&] { ag(shard_in, full.data(), ws.ptr, ws.bytes); }) == "no error");
+  // Rank 0's handle destroyed unfinished (its destructor completes the exchange): the next call is
+  // rejected on every rank, the one after runs.
+  {
+    auto d = ag.start(shard_in, full.data(), ws.ptr, ws.bytes);  // call 4 (2: rejected, 3: blocking)
+    if (r != 0) ag.finish(d);
+  }
+  const std::string next = error_of([&] { ag(shard_in, full.data(), ws.ptr, ws.bytes); });
+  if (r == 0)
+    CHECK(next.find("argument 'plan' = call 4 destroyed unfinished") != std::string::npos);
+  else
+    CHECK(next.find("rank 0 rejected its arguments; nothing was sent") != std::string::npos);
   CHECK(error_of([&] { ag(shard_in, full.data(), ws.ptr, ws.bytes); }) == "no error");
 }
 
