@@ -77,9 +77,8 @@ struct LocalSlot {
 };
 
 //! One nonblocking data exchange of a group (start_all_gather / start_all_to_all): what every rank
-//! gave when it started it, and its progress. Guarded by the group's mu; the buffer tables are
-//! read without the lock only by the rank that completes the arrivals, after which no rank
-//! writes them.
+//! gave when it started it, and its progress. Guarded by the group's mu; the tables are read
+//! without the lock only once every rank has started it, after which nobody writes them.
 struct LocalNbOp {
   explicit LocalNbOp(int size)
       : op(static_cast<std::size_t>(size), LocalOp::none),
@@ -94,6 +93,8 @@ struct LocalNbOp {
   std::vector<void*> recv;
   std::vector<unsigned char> in_place;  // all_gather: send is the rank's own block of recv
   int arrived = 0;                      // ranks that have started it
+  int claimed = 0;                      // destinations whose copies some rank has taken on
+  int copied = 0;                       // destinations whose copies are made
   bool done = false;                    // every copy made (or the exchange failed)
   int withdrawn = -1;                   // run rank that destroyed its request before all arrived
   std::string error;                    // set with done when the ranks disagree
@@ -124,6 +125,38 @@ struct LocalGroupState {
   std::vector<std::uint64_t> nb_started;  // by group rank: exchanges started
   std::vector<std::pair<std::uint64_t, std::shared_ptr<LocalNbOp>>> nb_open;  // not all ranks arrived
 };
+
+//! Makes the copies of an exchange every rank has started, one destination rank's blocks at a
+//! time, until none is left unclaimed; whoever completes the last marks it done. Called by the
+//! rank that starts the exchange last and by every rank that tests, waits for or drops its request,
+//! so the copies are shared among the ranks that are there and need none that is computing.
+inline void local_nb_help(LocalGroupState& g, LocalNbOp& x) noexcept {
+  const auto W = static_cast<std::size_t>(g.size);
+  const std::size_t bytes = x.bytes[0];
+  for (;;) {
+    std::size_t d;
+    {
+      std::lock_guard<std::mutex> lk(g.mu);
+      if (x.claimed == g.size) return;
+      d = static_cast<std::size_t>(x.claimed++);
+    }
+    for (std::size_t q = 0; q < W && bytes > 0; ++q) {
+      auto* out = static_cast<unsigned char*>(x.recv[d]) + q * bytes;
+      const auto* in = static_cast<const unsigned char*>(x.send[q]);
+      if (x.op[0] == LocalOp::all_to_all)
+        std::memcpy(out, in + d * bytes, bytes);
+      else if (!(d == q && x.in_place[d]))
+        std::memcpy(out, in, bytes);
+    }
+    bool last;
+    {
+      std::lock_guard<std::mutex> lk(g.mu);
+      last = ++x.copied == g.size;
+      if (last) x.done = true;
+    }
+    if (last) g.cv.notify_all();
+  }
+}
 
 //! State shared by all groups of one LocalGroup::run().
 struct LocalRunState {
@@ -239,13 +272,16 @@ class LocalTransport {
     void release() noexcept {
       if (!op_) return;
       detail::LocalGroupState& g = *group_;
+      bool all = false;
       {
+        std::lock_guard<std::mutex> lk(g.mu);
+        all = op_->arrived == g.size;
+        if (!all && op_->withdrawn < 0) op_->withdrawn = g.world_ranks[static_cast<std::size_t>(rank_)];
+      }
+      if (all) {
+        detail::local_nb_help(g, *op_);
         std::unique_lock<std::mutex> lk(g.mu);
-        if (op_->arrived == g.size) {
-          g.cv.wait(lk, [&] { return op_->done; });
-        } else if (op_->withdrawn < 0) {
-          op_->withdrawn = g.world_ranks[static_cast<std::size_t>(rank_)];
-        }
+        g.cv.wait(lk, [&] { return op_->done; });
       }
       g.cv.notify_all();
       op_.reset();
@@ -305,9 +341,10 @@ class LocalTransport {
 
   //! Starts all_gather(send, recv, bytes_per_rank) without waiting for the peers (same arguments,
   //! checks and result). Returns at once, except on the rank that starts it last: that rank makes
-  //! every rank's copies (W (W - 1) bytes_per_rank bytes) before returning, so the ranks that
-  //! started earlier compute meanwhile and nobody needs to call test() or wait() for the data to
-  //! move. Complete it with wait() or test(); counted in counters() when it completes.
+  //! the copies (W (W - 1) bytes_per_rank bytes, shared with the ranks that are in test(), wait()
+  //! or a request's destructor meanwhile, one destination rank at a time) before returning, so
+  //! the ranks that started earlier compute meanwhile and none has to call anything for the data
+  //! to move. Complete it with wait() or test(); counted in counters() when it completes.
   Request start_all_gather(const void* send, void* recv, std::size_t bytes_per_rank) {
     const bool in_place = detail::check_all_gather("LocalTransport::start_all_gather", send, recv,
                                                    bytes_per_rank, rank_, size());
@@ -452,7 +489,7 @@ class LocalTransport {
   }
 
   // Registers this rank's part of its next nonblocking exchange; the rank completing the arrivals
-  // checks that all ranks started the same exchange and makes every copy.
+  // checks that all ranks started the same exchange and makes the copies (local_nb_help).
   Request start_exchange(detail::LocalOp op, const void* send, void* recv, std::size_t bytes, bool in_place) {
     detail::LocalGroupState& g = *group_;
     const auto me = static_cast<std::size_t>(rank_);
@@ -478,28 +515,14 @@ class LocalTransport {
       if (++x->arrived < g.size) return Request(std::move(x), group_, rank_);
       g.nb_open.erase(
           std::find_if(g.nb_open.begin(), g.nb_open.end(), [seq](const auto& e) { return e.first == seq; }));
+      x->error = nb_mismatch(*x);
+      if (!x->error.empty()) {  // nothing to copy: every rank throws from test / wait
+        x->claimed = x->copied = g.size;
+        x->done = true;
+      }
     }
-    // Every rank has started: the tables are complete and nobody else touches them.
-    std::string mismatch = nb_mismatch(*x);
-    if (mismatch.empty() && bytes > 0) {
-      const int W = size();
-      for (int d = 0; d < W; ++d)
-        for (int q = 0; q < W; ++q) {
-          const auto dq = static_cast<std::size_t>(d), qq = static_cast<std::size_t>(q);
-          auto* out = static_cast<unsigned char*>(x->recv[dq]) + qq * bytes;
-          const auto* in = static_cast<const unsigned char*>(x->send[qq]);
-          if (op == detail::LocalOp::all_to_all)
-            std::memcpy(out, in + dq * bytes, bytes);
-          else if (!(d == q && x->in_place[dq]))
-            std::memcpy(out, in, bytes);
-        }
-    }
-    {
-      std::lock_guard<std::mutex> lk(g.mu);
-      x->error = std::move(mismatch);
-      x->done = true;
-    }
-    g.cv.notify_all();
+    g.cv.notify_all();  // waiting ranks may help copy
+    detail::local_nb_help(g, *x);
     return Request(std::move(x), group_, rank_);
   }
 
@@ -517,8 +540,8 @@ class LocalTransport {
       const auto broken = [&] {
         return x.arrived < g.size && (x.withdrawn >= 0 || run_->aborted.load() || g.gone >= 0);
       };
-      if (block) g.cv.wait(lk, [&] { return x.done || broken(); });
-      if (!x.done) {
+      if (block) g.cv.wait(lk, [&] { return x.arrived == g.size || broken(); });
+      if (x.arrived < g.size) {
         if (!broken()) return false;
         // Leave the exchange: nobody may copy into or out of this rank's buffers after it returns.
         const int withdrawn = x.withdrawn;
@@ -528,6 +551,14 @@ class LocalTransport {
         if (withdrawn >= 0) throw Error(withdrawn_message(x.op[static_cast<std::size_t>(rank_)], withdrawn));
         throw_broken_locked();
       }
+    }
+    detail::local_nb_help(g, x);  // every rank has started: help with what is left to copy
+    {
+      std::unique_lock<std::mutex> lk(g.mu);
+      if (block)
+        g.cv.wait(lk, [&] { return x.done; });
+      else if (!x.done)
+        return false;
     }
     std::shared_ptr<detail::LocalNbOp> keep = std::move(req.op_);
     req.group_.reset();
