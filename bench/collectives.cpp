@@ -39,15 +39,29 @@
 // The MPI baseline is checked against the same bound with identity f32 and one hop (the sum bound
 // holds for any summation order); the in-process baseline and identity-only pipelines are checked
 // for exact equality with a host re-computation in the plan's documented order.
+//
+// Overlap (MPI transport, after the tables; --overlap 0 leaves it out): for each op and size, with
+// the qcoll row's formats, Tb = time of the blocking call, C = time of a CPU computation
+// calibrated to about Tb, To = time of start(); C split in 8 parts with progress() after each;
+// finish(), and To' = the same without progress(). The four are timed interleaved, one call at a
+// time after a barrier; each figure is the median over the timed calls, slowest rank.
+// overlap = (Tb + C - To) / min(Tb, C): 1 when the exchange is hidden entirely behind the
+// computation, 0 when start/compute/finish takes as long as the call and the computation in a row.
+// With --overlap-compute idle, C is a sleep instead of CPU work (the host waiting for a device).
+// Rows 'iallgather' do the same for the transport's own all-gather of size / W bytes per rank
+// (MPI_Iallgather + MPI_Test / MPI_Wait against MPI_Allgather), without quantization.
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <functional>
 #include <string>
+#include <thread>
 #include <type_traits>
 #include <vector>
 
@@ -92,7 +106,10 @@ const char* const kHelp =
     "  --block B             block of int8/int4/e4m3: 256 or 2048 (default: 256; mxfp4 uses 32)\n"
     "  --hops 1|2            reduce-scatter route (default: 2)\n"
     "  --reduce sum|mean     reduction (default: sum)\n"
-    "  --seed S              input seed (default: 1)\n";
+    "  --seed S              input seed (default: 1)\n"
+    "  --overlap 0|1         mpi: also measure start/compute/finish overlap (default: 1)\n"
+    "  --overlap-compute K   the computation overlapped: cpu (busy loop) or idle (sleep, as a\n"
+    "                        host waiting for a device) (default: cpu)\n";
 
 enum class OpKind { all_gather, reduce_scatter, all_reduce };
 const char* op_name(OpKind op) {
@@ -117,6 +134,8 @@ struct Options {
   Hops hops = Hops::two;
   Reduce reduce = Reduce::sum;
   std::uint64_t seed = 1;
+  bool overlap = true;
+  bool overlap_idle = false;
 };
 
 // ----------------------------------------------------------------------------------------------
@@ -542,6 +561,162 @@ RowStats run_qcoll(Tr& t, const Topology& topo, const Options& o, OpKind op, std
 }
 
 // ----------------------------------------------------------------------------------------------
+// Overlap of start/finish with computation (see the header comment).
+
+struct OverlapStats {
+  double blocking = 0, compute = 0, split = 0, split_quiet = 0;  // seconds per call, slowest rank
+};
+
+// A computation that touches no buffer of the call: `units` rounds of a dependent fp chain.
+double spin(std::size_t units) {
+  volatile double sink = 0;
+  double x = 1.0;
+  for (std::size_t u = 0; u < units; ++u)
+    for (int i = 0; i < 256; ++i) x = x * 0.999999 + 1e-7;
+  sink = x;
+  return sink;
+}
+
+// Slowest rank's value of `seconds`.
+template <class Tr>
+double slowest(Tr& t, double seconds) {
+  std::uint64_t ns = static_cast<std::uint64_t>(seconds * 1e9);
+  t.all_reduce(&ns, 1, ReduceOp::max);
+  return static_cast<double>(ns) * 1e-9;
+}
+
+// Measures `plan` (any of the three; in -> out with the workspace) blocking and split around a
+// computation calibrated to the blocking time.
+template <class Tr, class Plan, class In, class Out>
+OverlapStats measure_overlap(Tr& t, const Options& o, Plan& plan, const In* in, Out* out, void* ws,
+                             std::size_t ws_bytes) {
+  constexpr int kParts = 8;
+  auto blocking = [&] { plan(in, out, ws, ws_bytes); };
+  // Seconds of one call of fn, started after a barrier.
+  auto once = [&](const std::function<void()>& fn) {
+    t.barrier();
+    const double t0 = bench::now_seconds();
+    fn();
+    return bench::now_seconds() - t0;
+  };
+  OverlapStats s;
+  std::vector<double> first;
+  for (int i = -o.warmup; i < o.iters; ++i) {
+    const double dt = once(blocking);
+    if (i >= 0) first.push_back(dt);
+  }
+  const double tb = slowest(t, bench::median(first));
+  // Seconds per 1024 units of spin() on this rank (the fastest of 5 probes: preemption only adds
+  // time), then the units that take about the blocking time.
+  double unit = 1e9;
+  for (int k = 0; k < 5; ++k) {
+    const double t0 = bench::now_seconds();
+    spin(1024);
+    unit = std::min(unit, bench::now_seconds() - t0);
+  }
+  const std::size_t part = std::max<std::size_t>(1, static_cast<std::size_t>(tb / unit * 1024.0 / kParts));
+  // The computation in kParts parts, calling between() after each: CPU work, or
+  // (--overlap-compute idle) sleeping until the end of each part (deadlines from the start, so
+  // oversleeping does not add up), as a host waiting for a device does.
+  const auto nap = std::chrono::nanoseconds(static_cast<long long>(tb / kParts * 1e9));
+  auto compute_with = [&](const std::function<void()>& between) {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int k = 0; k < kParts; ++k) {
+      if (o.overlap_idle)
+        std::this_thread::sleep_until(t0 + nap * (k + 1));
+      else
+        spin(part);
+      between();
+    }
+  };
+  auto compute = [&] { compute_with([] {}); };
+  auto split = [&] {
+    auto p = plan.start(in, out, ws, ws_bytes);
+    compute_with([&] { p.progress(); });
+    plan.finish(p);
+  };
+  auto quiet = [&] {
+    auto p = plan.start(in, out, ws, ws_bytes);
+    compute();
+    plan.finish(p);
+  };
+  // The four variants interleaved, each call timed alone after a barrier; the median per variant
+  // (robust against a busy machine), then the slowest rank's.
+  std::vector<double> v[4];
+  for (int i = -o.warmup; i < o.iters; ++i) {
+    int k = 0;
+    for (const auto& fn : {std::function<void()>(blocking), std::function<void()>(compute),
+                           std::function<void()>(split), std::function<void()>(quiet)}) {
+      const double dt = once(fn);
+      if (i >= 0) v[k].push_back(dt);
+      ++k;
+    }
+  }
+  s.blocking = slowest(t, bench::median(v[0]));
+  s.compute = slowest(t, bench::median(v[1]));
+  s.split = slowest(t, bench::median(v[2]));
+  s.split_quiet = slowest(t, bench::median(v[3]));
+  return s;
+}
+
+// The transport's own exchange as a plan for measure_overlap: the all-gather of `bytes` bytes per
+// rank, blocking or started (start_all_gather; progress() is test()).
+template <class Tr>
+struct BareGather {
+  Tr& t;
+  std::size_t bytes;
+  struct Pending {
+    Tr* t;
+    typename Tr::Request req;
+    bool progress() { return !req.active() || t->test(req); }
+  };
+  void operator()(const unsigned char* in, unsigned char* out, void*, std::size_t) {
+    t.all_gather(in, out, bytes);
+  }
+  Pending start(const unsigned char* in, unsigned char* out, void*, std::size_t) {
+    return Pending{&t, t.start_all_gather(in, out, bytes)};
+  }
+  void finish(Pending& p) {
+    if (p.req.active()) t.wait(p.req);
+  }
+};
+
+// The overlap of the transport's nonblocking all-gather of size / W bytes per rank.
+template <class Tr>
+OverlapStats run_bare_overlap(Tr& t, const Options& o, std::size_t size) {
+  const std::size_t per_rank = size / static_cast<std::size_t>(t.size());
+  Bytes in(per_rank), out(per_rank * static_cast<std::size_t>(t.size()));
+  std::memset(in.as<unsigned char>(), t.rank() + 1, per_rank);
+  BareGather<Tr> plan{t, per_rank};
+  return measure_overlap(t, o, plan, in.as<unsigned char>(), out.as<unsigned char>(), nullptr, 0);
+}
+
+// The overlap of `op` with formats F1 (all-gather, hop 1) and F2 (hop 2), as run_qcoll builds it.
+template <class T, class F1, class F2, class Tr>
+OverlapStats run_overlap(Tr& t, const Topology& topo, const Options& o, OpKind op, std::size_t numel) {
+  const int W = t.size(), r = t.rank();
+  const ShardLayout layout(numel, W, granule_for(sizeof(T), {F1::block, F2::block}));
+  const std::size_t P = layout.padded_numel();
+  Bytes in(P * sizeof(T)), out(P * sizeof(T));
+  for (std::size_t g = 0; g < P; ++g)
+    in.as<T>()[g] = g < numel ? input<T>(o.seed, r, g) : from_float<T>(0.0f);
+  if (op == OpKind::all_gather) {
+    QuantizedAllGather<T, F1, Tr> plan(t, layout);
+    Bytes ws(plan.workspace_bytes());
+    return measure_overlap(t, o, plan, in.as<T>() + layout.shard_offset(r), out.as<T>(), ws.as<void>(),
+                           plan.workspace_bytes());
+  }
+  if (op == OpKind::reduce_scatter) {
+    QuantizedReduceScatter<T, F1, F2, Tr> plan(t, topo, layout, o.reduce, o.hops);
+    Bytes ws(plan.workspace_bytes());
+    return measure_overlap(t, o, plan, in.as<T>(), out.as<T>(), ws.as<void>(), plan.workspace_bytes());
+  }
+  QuantizedAllReduce<T, F1, F2, F1, Tr> plan(t, topo, layout, o.reduce, o.hops);
+  Bytes ws(plan.workspace_bytes());
+  return measure_overlap(t, o, plan, in.as<T>(), out.as<T>(), ws.as<void>(), plan.workspace_bytes());
+}
+
+// ----------------------------------------------------------------------------------------------
 // MPI baseline rows: MPI_Allgather / MPI_Reduce_scatter_block / MPI_Allreduce. f32 moves as
 // MPI_FLOAT; bf16 all-gather moves the bytes (MPI_BYTE); bf16 reductions convert to fp32, reduce
 // with MPI_FLOAT and convert back, the conversions inside the timed region. Wire bytes are not
@@ -706,6 +881,8 @@ std::uint64_t bench_all(Tr& t, const Topology& topo, const Options& o, bool is_m
                       "fp32 for reductions; wire bytes = logical volume)"
                     : "qcoll's plain path: identity format of the element type, one hop (path 'ident-1hop')");
   }
+  std::vector<std::vector<std::string>> overlap_rows;
+  const bool overlap = is_mpi && o.overlap;
   for (OpKind op : o.ops) {
     if (root) {
       std::printf("\n# %s (algbw/busbw in GB/s; intra/inter: bytes per rank per call)\n", op_name(op));
@@ -729,6 +906,7 @@ std::uint64_t bench_all(Tr& t, const Topology& topo, const Options& o, bool is_m
       // qcoll row
       {
         RowStats s;
+        OverlapStats ov;
         const std::size_t B = o.block;
         auto go = [&](auto blk) {
           constexpr std::size_t Bk = decltype(blk)::value;
@@ -736,10 +914,12 @@ std::uint64_t bench_all(Tr& t, const Topology& topo, const Options& o, bool is_m
             using F1 = decltype(f1);
             if (op == OpKind::all_gather) {
               s = run_qcoll<T, F1, F1>(t, topo, o, op, count, o.hops);
+              if (overlap) ov = run_overlap<T, F1, F1>(t, topo, o, op, count);
             } else {
               with_format2_b<Bk, F1>(o.format2, [&](auto f2) {
                 using F2 = decltype(f2);
                 s = run_qcoll<T, F1, F2>(t, topo, o, op, count, o.hops);
+                if (overlap) ov = run_overlap<T, F1, F2>(t, topo, o, op, count);
               });
             }
           });
@@ -749,6 +929,20 @@ std::uint64_t bench_all(Tr& t, const Topology& topo, const Options& o, bool is_m
         else
           go(std::integral_constant<std::size_t, 256>{});
         print("qcoll", fmt_label(o, op), s);
+        if (overlap) {
+          auto add_row = [&](const char* name, const std::string& label, const OverlapStats& x) {
+            const double hideable = std::min(x.blocking, x.compute);
+            auto frac = [&](double split) {
+              return bench::strf("%.2f", hideable > 0 ? (x.blocking + x.compute - split) / hideable : 0.0);
+            };
+            overlap_rows.push_back({name, std::to_string(size), label, bench::strf("%.1f", x.blocking * 1e6),
+                                    bench::strf("%.1f", x.compute * 1e6), bench::strf("%.1f", x.split * 1e6),
+                                    frac(x.split), bench::strf("%.1f", x.split_quiet * 1e6),
+                                    frac(x.split_quiet)});
+          };
+          add_row(op_name(op), fmt_label(o, op), ov);
+          if (op == OpKind::all_gather) add_row("iallgather", "bytes", run_bare_overlap(t, o, size));
+        }
       }
       // baseline row
       {
@@ -769,6 +963,26 @@ std::uint64_t bench_all(Tr& t, const Topology& topo, const Options& o, bool is_m
       if (size > o.maxbytes / static_cast<std::size_t>(o.factor)) break;
       size *= static_cast<std::size_t>(o.factor);
     }
+  }
+  if (root && overlap && !overlap_rows.empty()) {
+    std::printf(
+        "\n# overlap (compute %s): start; compute C (8 parts, progress() after each); finish, against the "
+        "blocking call "
+        "Tb and C in a row;\n# overlap = (Tb + C - T) / min(Tb, C); 'quiet': the same without progress() "
+        "(times in us, slowest rank)\n",
+        o.overlap_idle ? "idle" : "cpu");
+    bench::Table ot({{"op", 14, true},
+                     {"size", 11},
+                     {"format", 15, true},
+                     {"Tb", 9},
+                     {"C", 9},
+                     {"T", 9},
+                     {"overlap", 7},
+                     {"T_quiet", 9},
+                     {"ovl_quiet", 9}},
+                    false);
+    ot.header();
+    for (const auto& row : overlap_rows) ot.row(row);
   }
   return wrong_total;
 }
@@ -846,6 +1060,13 @@ Options parse(int argc, char** argv, bool& help) {
       const std::string v = a.value();
       if (v != "sum" && v != "mean") throw bench::UsageError("flag --reduce: '" + v + "' is not sum or mean");
       o.reduce = v == "sum" ? Reduce::sum : Reduce::mean;
+    } else if (a.flag("--overlap")) {
+      o.overlap = bench::parse_int(a.value(), a.name(), 0, 1) != 0;
+    } else if (a.flag("--overlap-compute")) {
+      const std::string v = a.value();
+      if (v != "cpu" && v != "idle")
+        throw bench::UsageError("flag --overlap-compute: '" + v + "' is not cpu or idle");
+      o.overlap_idle = v == "idle";
     } else if (a.flag("--seed")) {
       o.seed = static_cast<std::uint64_t>(bench::parse_int(a.value(), a.name(), 0, 2147483647));
     } else {

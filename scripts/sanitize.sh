@@ -3,7 +3,8 @@
 #   build-asan/  AddressSanitizer + UndefinedBehaviorSanitizer (-fno-sanitize-recover=all): every
 #                unit test (label `unit`) and every MPI test (label `mpi`, when MPI is found);
 #   build-tsan/  ThreadSanitizer: the in-process transport and collective unit tests
-#                (unit.test_transport_local, unit.test_collectives), whose ranks are threads.
+#                (unit.test_transport_local, unit.test_collectives, unit.test_overlap), whose
+#                ranks are threads.
 # Open MPI's own allocations outlive MPI_Finalize and LeakSanitizer reports them as leaks, so the
 # MPI tests run with ASAN_OPTIONS=detect_leaks=0 (leaks are still checked in the unit tests).
 # Open MPI is not run under TSan.
@@ -71,10 +72,10 @@ run_asan() {
 run_tsan() {
   timed "tsan configure" cmake -S "$QCOLL_ROOT" -B "$TSAN_DIR" "${common_args[@]}" -DQCOLL_ENABLE_MPI=OFF \
     "-DCMAKE_CXX_FLAGS=-fsanitize=thread" "-DCMAKE_EXE_LINKER_FLAGS=-fsanitize=thread" >/dev/null
-  timed "tsan build" build_targets "$TSAN_DIR" unit_test_transport_local unit_test_collectives
+  timed "tsan build" build_targets "$TSAN_DIR" unit_test_transport_local unit_test_collectives unit_test_overlap
   TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1" \
     timed "tsan tests" ctest --test-dir "$TSAN_DIR" --output-on-failure -j "$CTEST_JOBS" \
-    -R '^unit\.(test_transport_local|test_collectives)$'
+    -R '^unit\.(test_transport_local|test_collectives|test_overlap)$'
 }
 
 for mode in "${modes[@]}"; do

@@ -18,7 +18,8 @@ QCOLL_NAMESPACE_BEGIN
 //!
 //! A plan is built once (collectively: every rank of `world` constructs it with the same layout
 //! and format) and called every step. Calls on host transports block until done; they allocate
-//! nothing. On device transports (CudaLocalTransport, NcclTransport; include <qcoll/qcoll.cuh>)
+//! nothing; start() / finish() split such a call so the exchange overlaps computation
+//! (docs/overlap.md). On device transports (CudaLocalTransport, NcclTransport; include <qcoll/qcoll.cuh>)
 //! the same call takes device buffers and is stream-ordered: see collective/device.cuh. Wire
 //! bytes per rank: packed_bytes<F>(shard_numel) to each of the W - 1 peers.
 template <class T, class F, class Transport>
@@ -75,22 +76,25 @@ class QuantizedAllGather {
       const std::string err = device_call(shard, full, workspace, workspace_bytes, stream, nullptr, ~0u);
       if (!err.empty()) throw Error(err);
     } else {
-      return host_call(shard, full, workspace, workspace_bytes);
+      return start(shard, full, workspace, workspace_bytes).finish();
     }
   }
 
-  //! The layout this plan gathers.
-  const ShardLayout& layout() const { return layout_; }
-
-  //! Device data path (collective/device.cuh): enqueues the call; returns this rank's argument
-  //! error ("" if none) after enqueuing its share of the exchange. `status`: the result word to
-  //! OR flags into (null: the workspace's own, reset first); `report`: the header flags reported.
-  std::string device_call(const T* shard, T* full, void* workspace, std::size_t workspace_bytes,
-                          typename Transport::stream_type stream, std::uint32_t* status,
-                          std::uint32_t report);
-
  private:
-  std::uint32_t host_call(const T* shard, T* full, void* workspace, std::size_t workspace_bytes) {
+  struct State;
+
+ public:
+  //! A started call (host transports): see PendingCall.
+  using Pending = PendingCall<QuantizedAllGather, State>;
+
+  //! The first half of operator() (host transports): agrees on the call and the arguments over
+  //! the world, quantizes this rank's shard and starts the exchange, then returns without waiting
+  //! for it. Throws on every rank, before anything is sent, where operator() would, and also if
+  //! this plan has a call in flight (one at a time per plan) or a call whose handle was destroyed
+  //! unfinished. `shard`, `full` and the workspace must stay valid and untouched until finish()
+  //! (shard may be changed once start returns). O(shard_numel) work.
+  Pending start(const T* shard, T* full, void* workspace, std::size_t workspace_bytes) {
+    static_assert(!detail::on_device<Transport>, "start/finish run on host transports");
     const char* fn = "QuantizedAllGather";
     const std::size_t S = layout_.shard_numel();
     const int r = world_.rank();
@@ -98,6 +102,7 @@ class QuantizedAllGather {
     const CallIdentity call = calls_.next();
     bool nonfinite = false;
     const std::string err = detail::local_check([&] {
+      inflight_.check_start(fn, call.word[CallIdentity::call]);
       detail::check_workspace(fn, workspace, workspace_bytes, p.bytes);
       detail::check_buffer(fn, "shard", shard, S, workspace, workspace_bytes);
       detail::check_buffer(fn, "full", full, layout_.padded_numel(), workspace, workspace_bytes);
@@ -118,26 +123,75 @@ class QuantizedAllGather {
       }
       nonfinite = (flags & kFlagNonFinite) != 0;
     });
-    const std::uint32_t result = detail::agree_on_call(world_, call, err, nonfinite, fn);
+    State st;
+    st.result = detail::agree_on_call(world_, call, err, nonfinite, fn);
+    st.call = call.word[CallIdentity::call];
+    st.tag = call.hash();
+    st.full = full;
+    st.workspace = workspace;
+    st.req = world_.start_all_gather(p.send, p.recv, message_bytes());
+    inflight_.started = st.call;
+    return Pending(this, std::move(st));
+  }
+
+  //! The second half of operator(): pending.finish() for a handle of this plan (throws
+  //! qcoll::Error if it belongs to another plan or is not active). Waits for the exchange,
+  //! decodes every rank's message into `full`, returns kResultNonFinite as operator() does.
+  //! O(padded_numel) work.
+  std::uint32_t finish(Pending& pending) {
+    QCOLL_REQUIRE(pending.plan_ == this || pending.plan_ == nullptr, "QuantizedAllGather::finish", "pending",
+                  "a handle of another plan", "must come from", "this plan's start()");
+    return pending.finish();
+  }
+
+  //! The layout this plan gathers.
+  const ShardLayout& layout() const { return layout_; }
+
+  //! Device data path (collective/device.cuh): enqueues the call; returns this rank's argument
+  //! error ("" if none) after enqueuing its share of the exchange. `status`: the result word to
+  //! OR flags into (null: the workspace's own, reset first); `report`: the header flags reported.
+  std::string device_call(const T* shard, T* full, void* workspace, std::size_t workspace_bytes,
+                          typename Transport::stream_type stream, std::uint32_t* status,
+                          std::uint32_t report);
+
+ private:
+  template <class, class>
+  friend class PendingCall;
+
+  struct State : detail::PendingState {
+    typename detail::request_of<Transport>::type req;  // the exchange of the messages
+    std::uint32_t result = 0;                          // the agreed non-finite flag
+    std::uint64_t tag = 0;
+    T* full = nullptr;
+    void* workspace = nullptr;
+  };
+
+  bool progress_call(State& st) { return !st.req.active() || world_.test(st.req); }
+
+  // Waits for the messages and decodes them.
+  std::uint32_t finish_call(State& st) {
+    const char* fn = "QuantizedAllGather";
+    if (st.req.active()) world_.wait(st.req);
+    const Pieces p = carve(st.workspace);
+    const std::size_t S = layout_.shard_numel();
+    T* full = st.full;
     if (!rotation_.enabled()) {
-      detail::gather_and_decode<F>(
-          world_, p, message_bytes(), S, full, [this](int q) { return layout_.shard_offset(q); },
-          [this](int q) { return layout_.valid_in_shard(q); }, layout_, call.hash(), fn,
-          "message from a peer");
-      return result;
+      detail::decode_gathered<F>(
+          world_.size(), p, message_bytes(), S, full, [this](int q) { return layout_.shard_offset(q); },
+          [this](int q) { return layout_.valid_in_shard(q); }, layout_, st.tag, fn, "message from a peer");
+      return st.result;
     }
     // Rotated: decode each shard into the scratch, rotate it back, store its data elements.
-    world_.all_gather(p.send, p.recv, message_bytes());
     for (int q = 0; q < world_.size(); ++q) {
       const unsigned char* msg = p.recv + static_cast<std::size_t>(q) * message_bytes();
-      detail::read_call_header<F>(msg, S, call.hash(), fn, "message from a peer");
+      detail::read_call_header<F>(msg, S, st.tag, fn, "message from a peer");
       const std::size_t valid = layout_.valid_in_shard(q), first = layout_.shard_offset(q);
       detail::decode_slice<F>(msg, S, rotated_count(valid, rotation_), p.scratch);
       rotate_run(p.scratch, rotated_count(valid, rotation_), rotation_, first, false);
       for (std::size_t i = 0; i < S; ++i) full[first + i] = from_float<T>(i < valid ? p.scratch[i] : 0.0f);
       layout_.zero_inner_padding(full + first, first, valid);
     }
-    return result;
+    return st.result;
   }
 
   static CallIdentity identity(const ShardLayout& layout, const HopOptions& hop) {
@@ -165,6 +219,7 @@ class QuantizedAllGather {
   host::QuantizeOptions opt_;
   Rotation rotation_;
   detail::PlanCalls calls_;
+  detail::InFlight inflight_;
 };
 
 QCOLL_NAMESPACE_END

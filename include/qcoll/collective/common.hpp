@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <sstream>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -422,17 +423,16 @@ inline GatherPieces carve_gather(void* base, std::size_t message_bytes, int rank
   return GatherPieces{control, send, recv, c.bytes()};
 }
 
-//! Gathers the messages in p.send over `t` and decodes message q (n elements of F) into
+//! Decodes the `ranks` gathered messages in p.recv: message q (n elements of F) into
 //! out + offset(q): its first valid(q) elements as T, the rest of the n, and the layout's padding,
 //! as zero. Checks every header (and the call's tag). `what` names the senders in errors. Returns
 //! the OR of the messages' kFlagNonFinite.
-template <class F, class T, class Transport, class Offset, class Valid>
-std::uint32_t gather_and_decode(Transport& t, const GatherPieces& p, std::size_t message_bytes, std::size_t n,
-                                T* out, Offset&& offset, Valid&& valid, const ShardLayout& layout,
-                                std::uint64_t tag, const char* function, const char* what) {
-  t.all_gather(p.send, p.recv, message_bytes);
+template <class F, class T, class Offset, class Valid>
+std::uint32_t decode_gathered(int ranks, const GatherPieces& p, std::size_t message_bytes, std::size_t n,
+                              T* out, Offset&& offset, Valid&& valid, const ShardLayout& layout,
+                              std::uint64_t tag, const char* function, const char* what) {
   std::uint32_t flags = 0;
-  for (int q = 0; q < t.size(); ++q) {
+  for (int q = 0; q < ranks; ++q) {
     const unsigned char* msg = p.recv + static_cast<std::size_t>(q) * message_bytes;
     flags |= read_call_header<F>(msg, n, tag, function, what).flags & kFlagNonFinite;
     decode_slice<F>(msg, n, valid(q), out + offset(q));
@@ -441,5 +441,140 @@ std::uint32_t gather_and_decode(Transport& t, const GatherPieces& p, std::size_t
   return flags;
 }
 
+//! Gathers the messages in p.send over `t`, then decode_gathered.
+template <class F, class T, class Transport, class Offset, class Valid>
+std::uint32_t gather_and_decode(Transport& t, const GatherPieces& p, std::size_t message_bytes, std::size_t n,
+                                T* out, Offset&& offset, Valid&& valid, const ShardLayout& layout,
+                                std::uint64_t tag, const char* function, const char* what) {
+  t.all_gather(p.send, p.recv, message_bytes);
+  return decode_gathered<F>(t.size(), p, message_bytes, n, out, std::forward<Offset>(offset),
+                            std::forward<Valid>(valid), layout, tag, function, what);
+}
+
+//! The nonblocking request type of a host transport (Transport::Request); an empty stand-in for
+//! transports without one (the device transports, whose calls are stream-ordered instead).
+template <class Transport, class = void>
+struct request_of {
+  struct type {
+    bool active() const noexcept { return false; }
+  };
+};
+template <class Transport>
+struct request_of<Transport, std::void_t<typename Transport::Request>> {
+  using type = typename Transport::Request;
+};
+
+//! The base of a plan's PendingCall state: the call number; release() (hidden by states that
+//! hold another plan's handle) lets go of what the destructor would otherwise report.
+struct PendingState {
+  std::uint64_t call = 0;  //!< the call's number
+  void release() noexcept {}
+};
+
+//! What a plan knows of its started, unfinished host calls (start / finish): the call in flight
+//! and a call whose handle was destroyed unfinished, which the next start reports once.
+struct InFlight {
+  std::uint64_t started = 0;    //!< call number in flight (0: none)
+  std::uint64_t abandoned = 0;  //!< call number destroyed unfinished, not yet reported (0: none)
+
+  //! The local check of a start (or a blocking call) of call number `next`: throws qcoll::Error if
+  //! a call is in flight or one was abandoned; forgets the abandoned call either way (reported
+  //! once). O(1).
+  void check_start(const char* function, std::uint64_t next) {
+    const std::uint64_t dropped = abandoned;
+    abandoned = 0;
+    QCOLL_REQUIRE(started == 0, function, "plan", "call " << started << " started and not finished",
+                  "allows one call in flight; finish it before call", next);
+    QCOLL_REQUIRE(dropped == 0, function, "plan", "call " << dropped << " destroyed unfinished",
+                  "lost its result; this call is rejected so every rank sees it, before call", next);
+  }
+};
+
 }  // namespace detail
+
+//! A started host call of a plan (the plans' start()): it refers to the caller's buffers and
+//! workspace and to the plan, which must all stay valid (and the plan in place) until the call
+//! is finished; it owns nothing else. finish() completes it and returns what the blocking call
+//! returns; progress() lets the exchange advance from a compute loop (see docs/overlap.md).
+//! Destroying an unfinished handle completes (or, where peers have not started it, withdraws
+//! from) the exchange so no rank hangs, drops the result, and makes the plan's next call throw on
+//! every rank, naming the lost call. Movable, not copyable.
+template <class Plan, class State>
+class PendingCall {
+ public:
+  PendingCall() = default;
+  PendingCall(PendingCall&& o) noexcept : plan_(o.plan_), state_(std::move(o.state_)) { o.plan_ = nullptr; }
+  PendingCall& operator=(PendingCall&& o) noexcept {
+    if (this != &o) {
+      abandon(true);
+      plan_ = o.plan_;
+      o.plan_ = nullptr;
+      state_ = std::move(o.state_);
+    }
+    return *this;
+  }
+  PendingCall(const PendingCall&) = delete;
+  PendingCall& operator=(const PendingCall&) = delete;
+  ~PendingCall() { abandon(true); }
+
+  //! True from start() until finish() (or drop()).
+  bool active() const noexcept { return plan_ != nullptr; }
+  //! The call number this handle carries (0 when inactive).
+  std::uint64_t call() const noexcept { return plan_ != nullptr ? state_.call : 0; }
+
+  //! Lets the exchange advance without blocking (transport test(); on MPI this is what moves the
+  //! data while the caller computes). Returns true once the exchange is done (finish() then only
+  //! decodes). A plan with several exchanges starts the next one here when the previous is done.
+  //! Throws qcoll::Error if the handle is not active; on an error of the call itself the handle
+  //! becomes inactive and the call is over.
+  bool progress() {
+    require_active("progress");
+    try {
+      return plan_->progress_call(state_);
+    } catch (...) {
+      end();
+      throw;
+    }
+  }
+
+  //! Completes the call: waits for the exchange, decodes, and returns what the blocking call
+  //! returns. Throws qcoll::Error if the handle is not active (never started, finished already) or
+  //! the call fails; the handle is inactive afterwards either way.
+  auto finish() {
+    require_active("finish");
+    Plan* plan = plan_;
+    plan_ = nullptr;
+    plan->inflight_.started = 0;
+    return plan->finish_call(state_);
+  }
+
+  //! Completes (or withdraws from) the exchange as the destructor does, without the report: the
+  //! result is lost and the plan's next call runs normally. No-op when inactive.
+  void drop() noexcept { abandon(false); }
+
+ private:
+  friend Plan;
+  PendingCall(Plan* plan, State state) noexcept : plan_(plan), state_(std::move(state)) {}
+
+  void require_active(const char* what) const {
+    QCOLL_REQUIRE(plan_ != nullptr, std::string("PendingCall::") + what, "pending", "an inactive handle",
+                  "is not", "a started, unfinished call (finished already, or never started)");
+  }
+  void end() noexcept {
+    if (plan_ != nullptr) plan_->inflight_.started = 0;
+    plan_ = nullptr;
+    state_.release();
+    state_ = State{};  // completes the exchanges the state still holds
+  }
+  void abandon(bool report) noexcept {
+    if (plan_ == nullptr) return;
+    if (report) plan_->inflight_.abandoned = state_.call;
+    end();
+  }
+
+  Plan* plan_ = nullptr;
+  State state_;
+};
+
+namespace detail {}  // namespace detail
 QCOLL_NAMESPACE_END

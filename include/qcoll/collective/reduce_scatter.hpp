@@ -42,7 +42,8 @@ enum class Hops : std::uint8_t {
 //!
 //! Construction is collective over `world` (it splits off the intra- and inter-node groups for two
 //! hops). Calls on host transports block, allocate nothing, and check every argument on every
-//! rank before anything is sent. On device transports the call takes device buffers and is
+//! rank before anything is sent; start() / finish() split such a call so its exchanges overlap
+//! computation (docs/overlap.md). On device transports the call takes device buffers and is
 //! stream-ordered (collective/device.cuh); the results are the host path's, bit for bit.
 //! Stochastic rounding uses a per-rank, per-hop key. Each hop has its own options
 //! (ReduceScatterOptions): rounding, seed, and a randomized Hadamard rotation (format/hadamard.hpp):
@@ -107,8 +108,41 @@ class QuantizedReduceScatter {
       const std::string err = device_call(grad, shard, workspace, workspace_bytes, stream, nullptr, ~0u);
       if (!err.empty()) throw Error(err);
     } else {
-      return host_call(grad, shard, workspace, workspace_bytes, nullptr);
+      return start_call(grad, shard, workspace, workspace_bytes, nullptr).finish();
     }
+  }
+
+ private:
+  struct State;
+
+ public:
+  //! A started call (host transports): see PendingCall.
+  using Pending = PendingCall<QuantizedReduceScatter, State>;
+
+  //! The first half of operator() (host transports): agrees on the call and the arguments over
+  //! the world, quantizes the hop-1 messages and starts their exchange, then returns without
+  //! waiting. Throws on every rank, before anything is sent, where operator() would, and also if
+  //! this plan has a call in flight (one at a time per plan) or a call whose handle was destroyed
+  //! unfinished. `grad` may be changed once start returns; `shard` and the workspace must stay
+  //! valid and untouched until finish(). Two hops: the hop-2 exchange starts in progress() once
+  //! hop 1 is done, or in finish(). O(padded_numel) work.
+  Pending start(const T* grad, T* shard, void* workspace, std::size_t workspace_bytes) {
+    return start_call(grad, shard, workspace, workspace_bytes, nullptr);
+  }
+  //! start() of the call with error feedback; the state is updated by start (hop 1) and by
+  //! progress() / finish() (hop 2), so it must stay valid and untouched until finish().
+  Pending start(const T* grad, T* shard, void* workspace, std::size_t workspace_bytes,
+                ResidualState residual) {
+    return start_call(grad, shard, workspace, workspace_bytes, &residual);
+  }
+
+  //! The second half of operator(): pending.finish() for a handle of this plan (throws
+  //! qcoll::Error if it belongs to another plan or is not active). Completes the exchanges, sums
+  //! and writes `shard`; returns kResultNonFinite as operator() does. O(padded_numel) work.
+  std::uint32_t finish(Pending& pending) {
+    QCOLL_REQUIRE(pending.plan_ == this || pending.plan_ == nullptr, "QuantizedReduceScatter::finish",
+                  "pending", "a handle of another plan", "must come from", "this plan's start()");
+    return pending.finish();
   }
 
   //! Bytes of an error-feedback state with options `fb` (collective/feedback.hpp): a 64-byte
@@ -168,7 +202,7 @@ class QuantizedReduceScatter {
       if (!err.empty()) throw Error(err);
     } else {
       (void)stream;
-      return host_call(grad, shard, workspace, workspace_bytes, &residual);
+      return start_call(grad, shard, workspace, workspace_bytes, &residual).finish();
     }
   }
 
@@ -190,78 +224,165 @@ class QuantizedReduceScatter {
   void device_init_residual(void* residual, std::size_t bytes, const detail::ResidualHeader& h,
                             typename Transport::stream_type stream) const;
 
-  std::uint32_t host_call(const T* grad, T* shard, void* workspace, std::size_t workspace_bytes,
-                          const ResidualState* residual) {
+  template <class, class>
+  friend class PendingCall;
+
+  struct Pieces;
+  using Request = typename detail::request_of<Transport>::type;
+  using SubRequest = typename detail::request_of<SubTransport>::type;
+
+  // An error-feedback state checked for this call: the residual spans (n = 0 when a hop is off).
+  struct Feedback {
+    detail::ResidualSpan hop1, hop2;
+    float decay = 1.0f;
+    // Stores decay * r as element i of span s, or 0 where r is not finite.
+    void keep(const detail::ResidualSpan& s, std::size_t i, float r) const {
+      s.set(i, fp::bits(r) << 1 >= 0xff000000u ? 0.0f : fp::mul(decay, r));
+    }
+  };
+
+  // A started call: phase 1 while hop 1 is exchanged, 2 while hop 2 is, 3 once all is received.
+  struct State : detail::PendingState {
+    Request one;      // hop 1 of one hop (over the world)
+    SubRequest req1;  // hop 1 of two hops (intra-node)
+    SubRequest req2;  // hop 2 (inter-node)
+    int phase = 1;
+    std::uint32_t result = 0;
+    std::uint64_t tag = 0;
+    T* shard = nullptr;
+    void* workspace = nullptr;
+    Feedback fb;
+  };
+
+  Pending start_call(const T* grad, T* shard, void* workspace, std::size_t workspace_bytes,
+                     const ResidualState* residual) {
+    static_assert(!detail::on_device<Transport>, "start/finish run on host transports");
     const char* fn = "QuantizedReduceScatter";
     const Pieces p = carve(workspace);
-    const std::size_t S = layout_.shard_numel();
     const CallIdentity call = calls_.next();
     const std::uint64_t tag = call.hash();
     const Rotation& r1 = hop_.hop1.rotation;
-    const Rotation& r2 = hops_ == Hops::two ? hop_.hop2.rotation : r1;  // the domain of the final sums
     bool nonfinite = false;
-    Feedback fb;
+    State st;
     const std::string err = detail::local_check([&] {
+      inflight_.check_start(fn, call.word[CallIdentity::call]);
       detail::check_workspace(fn, workspace, workspace_bytes, p.bytes);
       check_arguments(fn, grad, shard, workspace, workspace_bytes);
-      if (residual != nullptr) fb = check_residual(fn, *residual, grad, shard, workspace, workspace_bytes);
-      nonfinite = fb.hop1.n > 0 || r1.enabled() ? quantize_hop1_gathered(grad, p.send1, tag, p.acc, fb)
-                                                : quantize_hop1(grad, p.send1, tag);
+      if (residual != nullptr) st.fb = check_residual(fn, *residual, grad, shard, workspace, workspace_bytes);
+      nonfinite = st.fb.hop1.n > 0 || r1.enabled() ? quantize_hop1_gathered(grad, p.send1, tag, p.acc, st.fb)
+                                                   : quantize_hop1(grad, p.send1, tag);
     });
-    const std::uint32_t result = detail::agree_on_call(world_, call, err, nonfinite, fn);
+    st.result = detail::agree_on_call(world_, call, err, nonfinite, fn);
+    st.call = call.word[CallIdentity::call];
+    st.tag = tag;
+    st.shard = shard;
+    st.workspace = workspace;
+    if (hops_ == Hops::one)
+      st.one = world_.start_all_to_all(p.send1, p.recv1, hop1_message_bytes());
+    else
+      st.req1 = intra_.start_all_to_all(p.send1, p.recv1, hop1_message_bytes());
+    inflight_.started = st.call;
+    return Pending(this, std::move(st));
+  }
+
+  // Completes `req` over `t` (wait when `block`, else test); true when it is done.
+  template <class Tr, class Req>
+  static bool complete(Tr& t, Req& req, bool block) {
+    if (!req.active()) return true;
+    if (!block) return t.test(req);
+    t.wait(req);
+    return true;
+  }
+
+  // Moves the call through its phases as far as it can (without blocking unless `block`); true
+  // once every message has arrived.
+  bool advance(State& st, bool block) {
+    if (st.phase == 1) {
+      if (!(hops_ == Hops::one ? complete(world_, st.one, block) : complete(intra_, st.req1, block)))
+        return false;
+      if (hops_ == Hops::one) {
+        st.phase = 3;
+        return true;
+      }
+      const Pieces p = carve(st.workspace);
+      requantize_hop2(p, st.tag, st.fb);
+      st.req2 = inter_.start_all_to_all(p.send2, p.recv2, hop2_message_bytes());
+      st.phase = 2;
+    }
+    if (st.phase == 2) {
+      if (!complete(inter_, st.req2, block)) return false;
+      st.phase = 3;
+    }
+    return true;
+  }
+
+  bool progress_call(State& st) { return advance(st, false); }
+
+  // Completes the exchanges, sums the last hop's messages and writes the shard.
+  std::uint32_t finish_call(State& st) {
+    const char* fn = "QuantizedReduceScatter";
+    advance(st, true);
+    const Pieces p = carve(st.workspace);
+    const std::size_t S = layout_.shard_numel();
     const int r = world_.rank();
+    const Rotation& r2 = hops_ == Hops::two ? hop_.hop2.rotation : hop_.hop1.rotation;  // the sums' domain
     const std::size_t mine =
         rotated_count(layout_.valid_in_shard(r), r2);  // sums needed (rotated: whole spans)
-    if (hops_ == Hops::one) {
-      world_.all_to_all(p.send1, p.recv1, hop1_message_bytes());
-      detail::sum_messages<F1>(p.recv1, hop1_message_bytes(), world_.size(), S, mine, p.acc, tag, fn);
-    } else {
-      const int N = topo_.num_nodes(), L = topo_.ranks_per_node(), j = topo_.local_index();
-      const std::size_t n1 = hop1_count();
-      intra_.all_to_all(p.send1, p.recv1, hop1_message_bytes());
-      detail::sum_messages<F1>(p.recv1, hop1_message_bytes(), L, n1, n1, p.acc, tag, fn);
-      // Re-quantize the N node slices of the partial sum, one message per node, in hop 2's domain.
-      host::QuantizeOptions o = quantize_options(2, tag);
-      const std::size_t P2 = hop2_message_bytes();
-      for (int m = 0; m < N; ++m) {
-        const int owner = rank_at_[static_cast<std::size_t>(m * L + j)];
-        const std::size_t at = static_cast<std::size_t>(m) * S, first = layout_.shard_offset(owner);
-        const std::size_t valid = layout_.valid_in_shard(owner), valid2 = rotated_count(valid, r2);
-        float* v = p.acc + at;
-        if (!same_rotation(r1, r2)) {
-          rotate_run(v, S, r1, first, false);
-          for (std::size_t i = valid; i < S; ++i) v[i] = 0.0f;  // padding is zero, not rounding noise
-          layout_.zero_inner_padding(v, first, valid);
-          rotate_run(v, S, r2, first, true);
-        }
-        unsigned char* msg = p.send2 + static_cast<std::size_t>(m) * P2;
-        const detail::LayoutSource<float, F2::block> src{v, first, layout_, r2};
-        // The residual lives where the message carries data: per block, its first src(b).valid
-        // elements (for a flat layout, the first valid2 of the slice).
-        const auto carried = [&](auto&& fn) {
-          for (std::size_t b = 0; b * F2::block < valid2; ++b)
-            for (std::size_t e = 0, c = src(b).valid; e < c; ++e) fn(b * F2::block + e);
-        };
-        if (fb.hop2.n > 0) carried([&](std::size_t i) { v[i] = fp::add(v[i], fb.hop2.get(at + i)); });
-        o.index_base = first;
-        host::detail::quantize_blocks<F2, float>(S, src, msg, o);
-        if (fb.hop2.n > 0) {
-          host::detail::decode_message<F2>(
-              msg, S, [v](std::size_t i, float d) { v[i] = fp::sub(v[i], d); }, valid2);
-          carried([&](std::size_t i) { fb.keep(fb.hop2, at + i, v[i]); });
-        }
-      }
-      inter_.all_to_all(p.send2, p.recv2, P2);
-      detail::sum_messages<F2>(p.recv2, P2, N, S, mine, p.acc, tag, fn);
-    }
+    if (hops_ == Hops::one)
+      detail::sum_messages<F1>(p.recv1, hop1_message_bytes(), world_.size(), S, mine, p.acc, st.tag, fn);
+    else
+      detail::sum_messages<F2>(p.recv2, hop2_message_bytes(), topo_.num_nodes(), S, mine, p.acc, st.tag, fn);
     rotate_run(p.acc, mine, r2, layout_.shard_offset(r), false);  // back from the rotated domain
     const std::size_t valid = layout_.valid_in_shard(r);
     const float world = static_cast<float>(world_.size());
+    T* shard = st.shard;
     for (std::size_t i = 0; i < valid; ++i)
       shard[i] = from_float<T>(op_ == Reduce::mean ? fp::div(p.acc[i], world) : p.acc[i]);
     for (std::size_t i = valid; i < S; ++i) shard[i] = from_float<T>(0.0f);
     layout_.zero_inner_padding(shard, layout_.shard_offset(r), valid);
-    return result;
+    return st.result;
+  }
+
+  // Two hops, between the hops: sums the hop-1 messages and re-quantizes the N node slices of the
+  // partial sum, one hop-2 message per node, in hop 2's domain (with hop-2 feedback).
+  void requantize_hop2(const Pieces& p, std::uint64_t tag, const Feedback& fb) {
+    const char* fn = "QuantizedReduceScatter";
+    const std::size_t S = layout_.shard_numel();
+    const Rotation& r1 = hop_.hop1.rotation;
+    const Rotation& r2 = hop_.hop2.rotation;
+    const int N = topo_.num_nodes(), L = topo_.ranks_per_node(), j = topo_.local_index();
+    const std::size_t n1 = hop1_count();
+    detail::sum_messages<F1>(p.recv1, hop1_message_bytes(), L, n1, n1, p.acc, tag, fn);
+    host::QuantizeOptions o = quantize_options(2, tag);
+    const std::size_t P2 = hop2_message_bytes();
+    for (int m = 0; m < N; ++m) {
+      const int owner = rank_at_[static_cast<std::size_t>(m * L + j)];
+      const std::size_t at = static_cast<std::size_t>(m) * S, first = layout_.shard_offset(owner);
+      const std::size_t valid = layout_.valid_in_shard(owner), valid2 = rotated_count(valid, r2);
+      float* v = p.acc + at;
+      if (!same_rotation(r1, r2)) {
+        rotate_run(v, S, r1, first, false);
+        for (std::size_t i = valid; i < S; ++i) v[i] = 0.0f;  // padding is zero, not rounding noise
+        layout_.zero_inner_padding(v, first, valid);
+        rotate_run(v, S, r2, first, true);
+      }
+      unsigned char* msg = p.send2 + static_cast<std::size_t>(m) * P2;
+      const detail::LayoutSource<float, F2::block> src{v, first, layout_, r2};
+      // The residual lives where the message carries data: per block, its first src(b).valid
+      // elements (for a flat layout, the first valid2 of the slice).
+      const auto carried = [&](auto&& fn) {
+        for (std::size_t b = 0; b * F2::block < valid2; ++b)
+          for (std::size_t e = 0, c = src(b).valid; e < c; ++e) fn(b * F2::block + e);
+      };
+      if (fb.hop2.n > 0) carried([&](std::size_t i) { v[i] = fp::add(v[i], fb.hop2.get(at + i)); });
+      o.index_base = first;
+      host::detail::quantize_blocks<F2, float>(S, src, msg, o);
+      if (fb.hop2.n > 0) {
+        host::detail::decode_message<F2>(
+            msg, S, [v](std::size_t i, float d) { v[i] = fp::sub(v[i], d); }, valid2);
+        carried([&](std::size_t i) { fb.keep(fb.hop2, at + i, v[i]); });
+      }
+    }
   }
 
   // The options of hop 1 or 2 for this rank's messages of a call with `tag`.
@@ -340,16 +461,6 @@ class QuantizedReduceScatter {
     id.word[CallIdentity::node_table] = topo.fingerprint();
     return id;
   }
-
-  // An error-feedback state checked for this call: the residual spans (n = 0 when a hop is off).
-  struct Feedback {
-    detail::ResidualSpan hop1, hop2;
-    float decay = 1.0f;
-    // Stores decay * r as element i of span s, or 0 where r is not finite.
-    void keep(const detail::ResidualSpan& s, std::size_t i, float r) const {
-      s.set(i, fp::bits(r) << 1 >= 0xff000000u ? 0.0f : fp::mul(decay, r));
-    }
-  };
 
   detail::ResidualLayout residual_layout(const FeedbackOptions& fb) const {
     return detail::ResidualLayout{fb.hop1 ? layout_.padded_numel() : 0,
@@ -514,6 +625,7 @@ class QuantizedReduceScatter {
   SubTransport intra_;
   SubTransport inter_;
   std::vector<int> rank_at_;
+  detail::InFlight inflight_;
 };
 
 //! Quantized all-reduce = QuantizedReduceScatter (F1, F2) then QuantizedAllGather (F3) of the
@@ -558,8 +670,36 @@ class QuantizedAllReduce {
     if constexpr (detail::on_device<Transport>) {
       device_call(in, out, workspace, workspace_bytes, stream);
     } else {
-      return host_call(in, out, workspace, workspace_bytes, nullptr);
+      return start_call(in, out, workspace, workspace_bytes, nullptr).finish();
     }
+  }
+
+ private:
+  struct State;
+
+ public:
+  //! A started call (host transports): see PendingCall.
+  using Pending = PendingCall<QuantizedAllReduce, State>;
+
+  //! The first half of operator() (host transports): agrees on the call and the arguments, and
+  //! starts the reduce-scatter stage (QuantizedReduceScatter::start). `in` may be changed once
+  //! start returns; `out` and the workspace must stay untouched until finish(). Throws where
+  //! operator() would, and if this plan has a call in flight or one destroyed unfinished.
+  Pending start(const T* in, T* out, void* workspace, std::size_t workspace_bytes) {
+    return start_call(in, out, workspace, workspace_bytes, nullptr);
+  }
+  //! start() of the call with error feedback in the reduce-scatter stage.
+  Pending start(const T* in, T* out, void* workspace, std::size_t workspace_bytes, ResidualState residual) {
+    return start_call(in, out, workspace, workspace_bytes, &residual);
+  }
+
+  //! The second half of operator(): finishes the reduce-scatter stage, then runs the all-gather
+  //! stage (blocking: it needs the reduced shard) into `out`. Throws qcoll::Error if `pending`
+  //! belongs to another plan or is not active.
+  std::uint32_t finish(Pending& pending) {
+    QCOLL_REQUIRE(pending.plan_ == this || pending.plan_ == nullptr, "QuantizedAllReduce::finish", "pending",
+                  "a handle of another plan", "must come from", "this plan's start()");
+    return pending.finish();
   }
 
   //! Bytes of an error-feedback state of the reduce-scatter stage (QuantizedReduceScatter::residual_bytes).
@@ -577,7 +717,7 @@ class QuantizedAllReduce {
       device_call(in, out, workspace, workspace_bytes, stream, &residual);
     } else {
       (void)stream;
-      return host_call(in, out, workspace, workspace_bytes, &residual);
+      return start_call(in, out, workspace, workspace_bytes, &residual).finish();
     }
   }
 
@@ -594,21 +734,47 @@ class QuantizedAllReduce {
     std::size_t inner_bytes;
     std::size_t bytes;
   };
-  std::uint32_t host_call(const T* in, T* out, void* workspace, std::size_t workspace_bytes,
-                          const ResidualState* residual) {
+  template <class, class>
+  friend class PendingCall;
+
+  struct State : detail::PendingState {
+    typename QuantizedReduceScatter<T, F1, F2, Transport>::Pending rs;  // the reduce-scatter stage
+    T* out = nullptr;
+    void* workspace = nullptr;
+    // The stage's handle goes with this call's (its loss is reported by this plan, not the stage).
+    void release() noexcept { rs.drop(); }
+  };
+
+  Pending start_call(const T* in, T* out, void* workspace, std::size_t workspace_bytes,
+                     const ResidualState* residual) {
+    static_assert(!detail::on_device<Transport>, "start/finish run on host transports");
     const Pieces p = carve(workspace);
     const CallIdentity call = calls_.next();
     const std::string err = detail::local_check([&] {
       const char* fn = "QuantizedAllReduce";
+      inflight_.check_start(fn, call.word[CallIdentity::call]);
       const std::size_t padded = rs_.layout().padded_numel();
       detail::check_workspace(fn, workspace, workspace_bytes, p.bytes);
       detail::check_buffer(fn, "in", in, padded, workspace, workspace_bytes);
       detail::check_buffer(fn, "out", out, padded, workspace, workspace_bytes);
     });
     detail::agree_on_call(world_, call, err, false, "QuantizedAllReduce");
-    const std::uint32_t flags = residual != nullptr ? rs_(in, p.shard, p.inner, p.inner_bytes, *residual)
-                                                    : rs_(in, p.shard, p.inner, p.inner_bytes);
-    ag_(p.shard, out, p.inner, p.inner_bytes);
+    State st;
+    st.call = call.word[CallIdentity::call];
+    st.out = out;
+    st.workspace = workspace;
+    st.rs = residual != nullptr ? rs_.start(in, p.shard, p.inner, p.inner_bytes, *residual)
+                                : rs_.start(in, p.shard, p.inner, p.inner_bytes);
+    inflight_.started = st.call;
+    return Pending(this, std::move(st));
+  }
+
+  bool progress_call(State& st) { return !st.rs.active() || st.rs.progress(); }
+
+  std::uint32_t finish_call(State& st) {
+    const Pieces p = carve(st.workspace);
+    const std::uint32_t flags = st.rs.finish();
+    ag_(p.shard, st.out, p.inner, p.inner_bytes);
     return flags;
   }
 
@@ -631,6 +797,7 @@ class QuantizedAllReduce {
   QuantizedReduceScatter<T, F1, F2, Transport> rs_;
   QuantizedAllGather<T, F3, Transport> ag_;
   detail::PlanCalls calls_;
+  detail::InFlight inflight_;
 };
 
 QCOLL_NAMESPACE_END

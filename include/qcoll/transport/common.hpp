@@ -15,6 +15,15 @@
 //!   Transport split(int color, int key);
 //!   const ByteCounters& counters() const; void reset_counters();
 //! \endcode
+//! Host transports (LocalTransport, MpiTransport) also start the two data exchanges without
+//! waiting, for the plans' start()/finish() (docs/overlap.md):
+//! \code
+//!   class Request;                                  // movable; active() until completed
+//!   Request start_all_gather(const void* send, void* recv, std::size_t bytes_per_rank);
+//!   Request start_all_to_all(const void* send, void* recv, std::size_t bytes_per_rank);
+//!   bool test(Request&);                            // done? never blocks on peers
+//!   void wait(Request&);                            // blocks until done
+//! \endcode
 
 #include <climits>
 #include <cstddef>
@@ -57,7 +66,8 @@ inline std::ostream& operator<<(std::ostream& os, ReduceOp op) {
 //! Bytes this rank has handed to the transport for other ranks (never counts the copy to itself),
 //! split by whether the destination is on the same node. Logical point-to-point volume: an
 //! all-gather of b bytes per rank counts b for every peer; an all-to-all counts b for every peer.
-//! Only all_gather and all_to_all are counted (and only calls that returned normally); all_reduce,
+//! Only all_gather and all_to_all are counted (and only calls that returned normally; their
+//! nonblocking forms when test() or wait() completes them); all_reduce,
 //! barrier and split are control traffic and leave the counters alone. Each transport object
 //! (a group or a sub-group made by split) has its own counters, starting at zero.
 struct ByteCounters {

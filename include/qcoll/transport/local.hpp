@@ -76,13 +76,38 @@ struct LocalSlot {
   std::shared_ptr<LocalGroupState> sub;  // written by the creator of this rank's sub-group in split()
 };
 
+//! One nonblocking data exchange of a group (start_all_gather / start_all_to_all): what every rank
+//! gave when it started it, and its progress. Guarded by the group's mu; the tables are read
+//! without the lock only once every rank has started it, after which nobody writes them.
+struct LocalNbOp {
+  explicit LocalNbOp(int size)
+      : op(static_cast<std::size_t>(size), LocalOp::none),
+        bytes(static_cast<std::size_t>(size), 0),
+        send(static_cast<std::size_t>(size), nullptr),
+        recv(static_cast<std::size_t>(size), nullptr),
+        in_place(static_cast<std::size_t>(size), 0) {}
+
+  std::vector<LocalOp> op;         // by group rank: the exchange it started
+  std::vector<std::size_t> bytes;  // its bytes_per_rank
+  std::vector<const void*> send;
+  std::vector<void*> recv;
+  std::vector<unsigned char> in_place;  // all_gather: send is the rank's own block of recv
+  int arrived = 0;                      // ranks that have started it
+  int claimed = 0;                      // destinations whose copies some rank has taken on
+  int copied = 0;                       // destinations whose copies are made
+  bool done = false;                    // every copy made (or the exchange failed)
+  int withdrawn = -1;                   // run rank that destroyed its request before all arrived
+  std::string error;                    // set with done when the ranks disagree
+};
+
 //! One group (the run's world or a sub-group made by split): rendezvous state and slots.
 struct LocalGroupState {
   LocalGroupState(std::vector<int> world_ranks_in, std::vector<int> nodes_in)
       : world_ranks(std::move(world_ranks_in)),
         nodes(std::move(nodes_in)),
         size(static_cast<int>(world_ranks.size())),
-        slots(world_ranks.size()) {}
+        slots(world_ranks.size()),
+        nb_started(world_ranks.size(), 0) {}
 
   const std::vector<int> world_ranks;  // run rank of each member, by group rank
   const std::vector<int> nodes;        // node id of each member, by group rank
@@ -94,7 +119,44 @@ struct LocalGroupState {
   std::uint64_t generation = 0;  // completed rendezvous (guarded by mu)
   int gone = -1;                 // run rank of a member that returned from run() (guarded by mu)
   std::vector<LocalSlot> slots;  // slot r written only by rank r, before the first wait of a call
+
+  // Nonblocking exchanges (guarded by mu): the k-th one each rank starts is matched with the k-th
+  // one of every other rank, independently of the blocking collectives in between.
+  std::vector<std::uint64_t> nb_started;  // by group rank: exchanges started
+  std::vector<std::pair<std::uint64_t, std::shared_ptr<LocalNbOp>>> nb_open;  // not all ranks arrived
 };
+
+//! Makes the copies of an exchange every rank has started, one destination rank's blocks at a
+//! time, until none is left unclaimed; whoever completes the last marks it done. Called by the
+//! rank that starts the exchange last and by every rank that tests, waits for or drops its request,
+//! so the copies are shared among the ranks that are there and need none that is computing.
+inline void local_nb_help(LocalGroupState& g, LocalNbOp& x) noexcept {
+  const auto W = static_cast<std::size_t>(g.size);
+  const std::size_t bytes = x.bytes[0];
+  for (;;) {
+    std::size_t d;
+    {
+      std::lock_guard<std::mutex> lk(g.mu);
+      if (x.claimed == g.size) return;
+      d = static_cast<std::size_t>(x.claimed++);
+    }
+    for (std::size_t q = 0; q < W && bytes > 0; ++q) {
+      auto* out = static_cast<unsigned char*>(x.recv[d]) + q * bytes;
+      const auto* in = static_cast<const unsigned char*>(x.send[q]);
+      if (x.op[0] == LocalOp::all_to_all)
+        std::memcpy(out, in + d * bytes, bytes);
+      else if (!(d == q && x.in_place[d]))
+        std::memcpy(out, in, bytes);
+    }
+    bool last;
+    {
+      std::lock_guard<std::mutex> lk(g.mu);
+      last = ++x.copied == g.size;
+      if (last) x.done = true;
+    }
+    if (last) g.cv.notify_all();
+  }
+}
 
 //! State shared by all groups of one LocalGroup::run().
 struct LocalRunState {
@@ -168,11 +230,68 @@ class LocalGroup;
 //! LocalGroup::run() and split(); used by the thread it was given to only. Every call except
 //! rank(), size(), node_of(), counters() and reset_counters() is collective: all ranks of the
 //! group call it, in the same order, with the same sizes; each blocks until its part is done.
+//! The nonblocking exchanges (start_all_gather, start_all_to_all, then test / wait) are matched
+//! among themselves in the order each rank starts them, whatever blocking calls come between.
 //! Movable, not copyable; a moved-from transport may only be destroyed or assigned to.
 class LocalTransport {
  public:
   static constexpr MemorySpace memory_space = MemorySpace::host;  //!< buffers are host memory
   using stream_type = HostStream;                                 //!< calls block until done
+
+  //! A started nonblocking exchange of this rank (start_all_gather / start_all_to_all), completed
+  //! by test() or wait(). It refers to the caller's buffers, which must stay valid and untouched
+  //! (send unchanged, recv unread) until it completes. Destroying an incomplete request: if every
+  //! rank has started the exchange, waits until its copies are done (bounded: the copying rank
+  //! never waits for anything); otherwise withdraws this rank, and the peers' start / test / wait
+  //! of that exchange throw qcoll::Error naming it instead of hanging. Movable, not copyable.
+  class Request {
+   public:
+    Request() = default;
+    Request(Request&& o) noexcept : op_(std::move(o.op_)), group_(std::move(o.group_)), rank_(o.rank_) {}
+    Request& operator=(Request&& o) noexcept {
+      if (this != &o) {
+        release();
+        op_ = std::move(o.op_);
+        group_ = std::move(o.group_);
+        rank_ = o.rank_;
+      }
+      return *this;
+    }
+    Request(const Request&) = delete;
+    Request& operator=(const Request&) = delete;
+    ~Request() { release(); }
+
+    //! True until test() has seen it complete or wait() has returned (or thrown).
+    bool active() const noexcept { return op_ != nullptr; }
+
+   private:
+    friend class LocalTransport;
+    Request(std::shared_ptr<detail::LocalNbOp> op, std::shared_ptr<detail::LocalGroupState> group, int rank)
+        : op_(std::move(op)), group_(std::move(group)), rank_(rank) {}
+
+    void release() noexcept {
+      if (!op_) return;
+      detail::LocalGroupState& g = *group_;
+      bool all = false;
+      {
+        std::lock_guard<std::mutex> lk(g.mu);
+        all = op_->arrived == g.size;
+        if (!all && op_->withdrawn < 0) op_->withdrawn = g.world_ranks[static_cast<std::size_t>(rank_)];
+      }
+      if (all) {
+        detail::local_nb_help(g, *op_);
+        std::unique_lock<std::mutex> lk(g.mu);
+        g.cv.wait(lk, [&] { return op_->done; });
+      }
+      g.cv.notify_all();
+      op_.reset();
+      group_.reset();
+    }
+
+    std::shared_ptr<detail::LocalNbOp> op_;
+    std::shared_ptr<detail::LocalGroupState> group_;
+    int rank_ = 0;
+  };
 
   LocalTransport(LocalTransport&&) noexcept = default;
   LocalTransport& operator=(LocalTransport&&) noexcept = default;
@@ -219,6 +338,33 @@ class LocalTransport {
         },
         recv);
   }
+
+  //! Starts all_gather(send, recv, bytes_per_rank) without waiting for the peers (same arguments,
+  //! checks and result). Returns at once, except on the rank that starts it last: that rank makes
+  //! the copies (W (W - 1) bytes_per_rank bytes, shared with the ranks that are in test(), wait()
+  //! or a request's destructor meanwhile, one destination rank at a time) before returning, so
+  //! the ranks that started earlier compute meanwhile and none has to call anything for the data
+  //! to move. Complete it with wait() or test(); counted in counters() when it completes.
+  Request start_all_gather(const void* send, void* recv, std::size_t bytes_per_rank) {
+    const bool in_place = detail::check_all_gather("LocalTransport::start_all_gather", send, recv,
+                                                   bytes_per_rank, rank_, size());
+    return start_exchange(detail::LocalOp::all_gather, send, recv, bytes_per_rank, in_place);
+  }
+
+  //! Starts all_to_all(send, recv, bytes_per_rank) without waiting for the peers; as
+  //! start_all_gather.
+  Request start_all_to_all(const void* send, void* recv, std::size_t bytes_per_rank) {
+    detail::check_all_to_all("LocalTransport::start_all_to_all", send, recv, bytes_per_rank, size());
+    return start_exchange(detail::LocalOp::all_to_all, send, recv, bytes_per_rank, false);
+  }
+
+  //! True (and the request completed, no longer active) if the exchange is done; false if some
+  //! rank has not started it yet. Never blocks on peers. Throws qcoll::Error if the request is not
+  //! active, the ranks started different exchanges, a rank withdrew from it, or the run failed.
+  bool test(Request& req) { return complete(req, false); }
+
+  //! Blocks until the exchange is done, then completes the request. Throws as test().
+  void wait(Request& req) { complete(req, true); }
 
   //! In-place reduction of `count` 64-bit words over the group (for flags and fingerprints); every
   //! rank gets the same result. Combines ranks in rank order. Not counted in counters().
@@ -340,6 +486,110 @@ class LocalTransport {
     sync(false);
     if (!mismatch.empty()) throw Error(mismatch);
     detail::count_exchange(counters_, intra_peers_, inter_peers_, bytes_per_rank);
+  }
+
+  // Registers this rank's part of its next nonblocking exchange; the rank completing the arrivals
+  // checks that all ranks started the same exchange and makes the copies (local_nb_help).
+  Request start_exchange(detail::LocalOp op, const void* send, void* recv, std::size_t bytes, bool in_place) {
+    detail::LocalGroupState& g = *group_;
+    const auto me = static_cast<std::size_t>(rank_);
+    std::shared_ptr<detail::LocalNbOp> x;
+    {
+      std::unique_lock<std::mutex> lk(g.mu);
+      if (run_->aborted.load() || g.gone >= 0) throw_broken_locked();
+      const std::uint64_t seq = g.nb_started[me];
+      auto it =
+          std::find_if(g.nb_open.begin(), g.nb_open.end(), [seq](const auto& e) { return e.first == seq; });
+      x = it != g.nb_open.end() ? it->second : std::make_shared<detail::LocalNbOp>(g.size);
+      if (x->withdrawn >= 0) {
+        ++g.nb_started[me];
+        throw Error(withdrawn_message(op, x->withdrawn));
+      }
+      if (it == g.nb_open.end()) g.nb_open.emplace_back(seq, x);
+      ++g.nb_started[me];
+      x->op[me] = op;
+      x->bytes[me] = bytes;
+      x->send[me] = send;
+      x->recv[me] = recv;
+      x->in_place[me] = in_place ? 1 : 0;
+      if (++x->arrived < g.size) return Request(std::move(x), group_, rank_);
+      g.nb_open.erase(
+          std::find_if(g.nb_open.begin(), g.nb_open.end(), [seq](const auto& e) { return e.first == seq; }));
+      x->error = nb_mismatch(*x);
+      if (!x->error.empty()) {  // nothing to copy: every rank throws from test / wait
+        x->claimed = x->copied = g.size;
+        x->done = true;
+      }
+    }
+    g.cv.notify_all();  // waiting ranks may help copy
+    detail::local_nb_help(g, *x);
+    return Request(std::move(x), group_, rank_);
+  }
+
+  // test() (block = false) and wait() (block = true).
+  bool complete(Request& req, bool block) {
+    const char* fn = block ? "LocalTransport::wait" : "LocalTransport::test";
+    QCOLL_REQUIRE(req.active(), fn, "req", "an inactive request", "is not",
+                  "a started, uncompleted exchange (completed already, or never started)");
+    QCOLL_REQUIRE(req.group_ == group_ && req.rank_ == rank_, fn, "req", "a request of another group or rank",
+                  "is not", "one of this transport");
+    detail::LocalGroupState& g = *group_;
+    detail::LocalNbOp& x = *req.op_;
+    {
+      std::unique_lock<std::mutex> lk(g.mu);
+      const auto broken = [&] {
+        return x.arrived < g.size && (x.withdrawn >= 0 || run_->aborted.load() || g.gone >= 0);
+      };
+      if (block) g.cv.wait(lk, [&] { return x.arrived == g.size || broken(); });
+      if (x.arrived < g.size) {
+        if (!broken()) return false;
+        // Leave the exchange: nobody may copy into or out of this rank's buffers after it returns.
+        const int withdrawn = x.withdrawn;
+        if (withdrawn < 0) x.withdrawn = g.world_ranks[static_cast<std::size_t>(rank_)];
+        std::shared_ptr<detail::LocalNbOp> keep = std::move(req.op_);
+        req.group_.reset();
+        if (withdrawn >= 0) throw Error(withdrawn_message(x.op[static_cast<std::size_t>(rank_)], withdrawn));
+        throw_broken_locked();
+      }
+    }
+    detail::local_nb_help(g, x);  // every rank has started: help with what is left to copy
+    {
+      std::unique_lock<std::mutex> lk(g.mu);
+      if (block)
+        g.cv.wait(lk, [&] { return x.done; });
+      else if (!x.done)
+        return false;
+    }
+    std::shared_ptr<detail::LocalNbOp> keep = std::move(req.op_);
+    req.group_.reset();
+    if (!x.error.empty()) throw Error(x.error);
+    detail::count_exchange(counters_, intra_peers_, inter_peers_, x.bytes[static_cast<std::size_t>(rank_)]);
+    return true;
+  }
+
+  std::string withdrawn_message(detail::LocalOp op, int withdrawn) const {
+    return "qcoll::LocalTransport: rank " + std::to_string(withdrawn) + " destroyed its request of a " +
+           std::string("nonblocking ") + detail::local_op_name(op) +
+           " before all ranks had started it (rank " +
+           std::to_string(group_->world_ranks[static_cast<std::size_t>(rank_)]) + " waits for it)";
+  }
+
+  // Every rank's part of a nonblocking exchange against rank 0's: "" or the error message.
+  std::string nb_mismatch(const detail::LocalNbOp& x) const noexcept {
+    for (int r = 1; r < size(); ++r) {
+      const auto q = static_cast<std::size_t>(r);
+      if (x.op[q] == x.op[0] && x.bytes[q] == x.bytes[0]) continue;
+      try {
+        std::ostringstream os;
+        os << "qcoll::LocalTransport: ranks disagree on the nonblocking exchange: rank 0 started "
+           << detail::local_op_name(x.op[0]) << " with bytes_per_rank = " << x.bytes[0] << ", rank " << r
+           << " started " << detail::local_op_name(x.op[q]) << " with bytes_per_rank = " << x.bytes[q];
+        return os.str();
+      } catch (...) {
+        return "qcoll::LocalTransport: ranks disagree on the nonblocking exchange";
+      }
+    }
+    return std::string();
   }
 
   const detail::LocalSlot& slot(int r) const { return group_->slots[static_cast<std::size_t>(r)]; }

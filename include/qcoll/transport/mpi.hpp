@@ -131,10 +131,21 @@ class MpiOwnedComm {
 class MpiOwnedType {
  public:
   MpiOwnedType() = default;
+  MpiOwnedType(MpiOwnedType&& o) noexcept : type_(o.type_) { o.type_ = MPI_DATATYPE_NULL; }
+  MpiOwnedType& operator=(MpiOwnedType&& o) noexcept {
+    if (this != &o) {
+      reset();
+      type_ = o.type_;
+      o.type_ = MPI_DATATYPE_NULL;
+    }
+    return *this;
+  }
   MpiOwnedType(const MpiOwnedType&) = delete;
   MpiOwnedType& operator=(const MpiOwnedType&) = delete;
-  ~MpiOwnedType() {
+  ~MpiOwnedType() { reset(); }
+  void reset() noexcept {
     if (type_ != MPI_DATATYPE_NULL && type_ != MPI_BYTE && mpi_is_running()) MPI_Type_free(&type_);
+    type_ = MPI_DATATYPE_NULL;
   }
   MPI_Datatype* out() noexcept { return &type_; }
   MPI_Datatype get() const noexcept { return type_; }
@@ -209,6 +220,47 @@ class MpiTransport {
  public:
   static constexpr MemorySpace memory_space = MemorySpace::host;  //!< buffers are host memory
   using stream_type = HostStream;                                 //!< calls block until done
+
+  //! A started nonblocking collective (start_all_gather / start_all_to_all): an MPI request and
+  //! the datatype it uses. It refers to the caller's buffers, which must stay valid and untouched
+  //! until it completes (test() or wait()). Progress: MPI moves the data of a nonblocking
+  //! collective only inside MPI calls (Open MPI has no progress thread for them by default), so a
+  //! long computation between start and wait should call test() now and then. Destroying an
+  //! active request waits for it (MPI_Wait; it cannot be cancelled), so the peers never hang on
+  //! this rank's part. Movable, not copyable.
+  class Request {
+   public:
+    Request() = default;
+    Request(Request&& o) noexcept : req_(o.req_), type_(std::move(o.type_)), bytes_(o.bytes_) {
+      o.req_ = MPI_REQUEST_NULL;
+    }
+    Request& operator=(Request&& o) noexcept {
+      if (this != &o) {
+        release();
+        req_ = o.req_;
+        o.req_ = MPI_REQUEST_NULL;
+        type_ = std::move(o.type_);
+        bytes_ = o.bytes_;
+      }
+      return *this;
+    }
+    Request(const Request&) = delete;
+    Request& operator=(const Request&) = delete;
+    ~Request() { release(); }
+
+    //! True until test() has seen it complete or wait() has returned (or thrown).
+    bool active() const noexcept { return req_ != MPI_REQUEST_NULL; }
+
+   private:
+    friend class MpiTransport;
+    void release() noexcept {
+      if (req_ != MPI_REQUEST_NULL && detail::mpi_is_running()) MPI_Wait(&req_, MPI_STATUS_IGNORE);
+      req_ = MPI_REQUEST_NULL;
+    }
+    MPI_Request req_ = MPI_REQUEST_NULL;
+    detail::MpiBytes type_{0, 1};
+    std::size_t bytes_ = 0;
+  };
 
   //! Wraps `comm` (an intra-communicator, not owned, error handler left as is). `node_id_of_rank`
   //! gives each rank's node id (ids in [0, INT_MAX], the same table on every rank); when empty,
@@ -310,6 +362,55 @@ class MpiTransport {
     detail::count_exchange(counters_, intra_peers_, inter_peers_, bytes_per_rank);
   }
 
+  //! MPI_Iallgather: starts all_gather(send, recv, bytes_per_rank) (same arguments, checks and
+  //! result) and returns at once. Complete it with test() or wait(); counted in counters() when
+  //! it completes. Nonblocking collectives of a communicator are matched in the order the ranks
+  //! start them, among themselves and with the blocking ones.
+  Request start_all_gather(const void* send, void* recv, std::size_t bytes_per_rank) {
+    const bool in_place =
+        detail::check_all_gather("MpiTransport::start_all_gather", send, recv, bytes_per_rank, rank_, size_);
+    Request req;
+    req.type_ = detail::MpiBytes(bytes_per_rank, detail::mpi_max_count);
+    req.bytes_ = bytes_per_rank;
+    void* out = recv != nullptr ? recv : detail::mpi_dummy_buffer();
+    const void* in = in_place ? MPI_IN_PLACE : (send != nullptr ? send : detail::mpi_dummy_buffer());
+    const int n = req.type_.count();
+    detail::mpi_check(MPI_Iallgather(in, n, req.type_.type(), out, n, req.type_.type(), comm_, &req.req_),
+                      "MPI_Iallgather");
+    return req;
+  }
+
+  //! MPI_Ialltoall: starts all_to_all(send, recv, bytes_per_rank); as start_all_gather.
+  Request start_all_to_all(const void* send, void* recv, std::size_t bytes_per_rank) {
+    detail::check_all_to_all("MpiTransport::start_all_to_all", send, recv, bytes_per_rank, size_);
+    Request req;
+    req.type_ = detail::MpiBytes(bytes_per_rank, detail::mpi_max_count);
+    req.bytes_ = bytes_per_rank;
+    void* out = recv != nullptr ? recv : detail::mpi_dummy_buffer();
+    const void* in = send != nullptr ? send : detail::mpi_dummy_buffer() + 8;
+    const int n = req.type_.count();
+    detail::mpi_check(MPI_Ialltoall(in, n, req.type_.type(), out, n, req.type_.type(), comm_, &req.req_),
+                      "MPI_Ialltoall");
+    return req;
+  }
+
+  //! MPI_Test: drives MPI's progress and returns true (the request completed, no longer active)
+  //! if the collective is done. Throws qcoll::Error if the request is not active, or MPI fails.
+  bool test(Request& req) {
+    check_active("MpiTransport::test", req);
+    int flag = 0;
+    detail::mpi_check(MPI_Test(&req.req_, &flag, MPI_STATUS_IGNORE), "MPI_Test");
+    if (flag) detail::count_exchange(counters_, intra_peers_, inter_peers_, req.bytes_);
+    return flag != 0;
+  }
+
+  //! MPI_Wait: blocks until the collective is done and completes the request. Throws as test().
+  void wait(Request& req) {
+    check_active("MpiTransport::wait", req);
+    detail::mpi_check(MPI_Wait(&req.req_, MPI_STATUS_IGNORE), "MPI_Wait");
+    detail::count_exchange(counters_, intra_peers_, inter_peers_, req.bytes_);
+  }
+
   //! MPI_Allreduce in place on `count` MPI_UINT64_T words (bit_or is MPI_BOR); for flags and
   //! fingerprints. Not counted in counters().
   void all_reduce(std::uint64_t* data, std::size_t count, ReduceOp op) {
@@ -356,6 +457,11 @@ class MpiTransport {
 
  private:
   MpiTransport() = default;
+
+  static void check_active(const char* fn, const Request& req) {
+    QCOLL_REQUIRE(req.active(), fn, "req", "an inactive request", "is not",
+                  "a started, uncompleted collective (completed already, or never started)");
+  }
 
   void init(MPI_Comm comm, const std::vector<long long>& node_id_of_rank) {
     comm_ = comm;
