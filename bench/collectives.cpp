@@ -67,6 +67,7 @@
 
 #include <qcoll/collective/reduce_scatter.hpp>
 #include <qcoll/format/dispatch.hpp>
+#include <qcoll/layout/group.hpp>
 #include <qcoll/transport/local.hpp>
 
 #ifndef QCOLL_HAVE_MPI
@@ -109,7 +110,11 @@ const char* const kHelp =
     "  --seed S              input seed (default: 1)\n"
     "  --overlap 0|1         mpi: also measure start/compute/finish overlap (default: 1)\n"
     "  --overlap-compute K   the computation overlapped: cpu (busy loop) or idle (sleep, as a\n"
-    "                        host waiting for a device) (default: cpu)\n";
+    "                        host waiting for a device) (default: cpu)\n"
+    "  --group SPEC          run the plans over a tensor group instead of the size sweep:\n"
+    "                        list:N1,N2,... (element counts) or random:COUNT:MAX[:SEED] (COUNT\n"
+    "                        tensors of 0..MAX elements); prints the padding the tensor alignment\n"
+    "                        adds next to the flat layout of the same elements\n";
 
 enum class OpKind { all_gather, reduce_scatter, all_reduce };
 const char* op_name(OpKind op) {
@@ -134,6 +139,8 @@ struct Options {
   Hops hops = Hops::two;
   Reduce reduce = Reduce::sum;
   std::uint64_t seed = 1;
+  std::vector<std::size_t> group;  // tensor sizes of --group (empty: the size sweep)
+  std::string group_spec;
   bool overlap = true;
   bool overlap_idle = false;
 };
@@ -232,6 +239,7 @@ struct Pipe {
   int world = 1;
   std::vector<int> rank_at;  // node * L + local -> rank
   int nodes = 1, per_node = 1;
+  const ShardLayout* layout = nullptr;  // a tensor group's layout: its padding inputs are 0
 };
 
 struct CheckResult {
@@ -249,7 +257,9 @@ struct Evaluator {
 
   explicit Evaluator(const Pipe& pipe) : p(pipe) {}
 
-  double xin(int q, std::size_t g) const { return to_float(input<T>(p.seed, q, g)); }
+  double xin(int q, std::size_t g) const {
+    return p.layout != nullptr && p.layout->data_in(g, 1) == 0 ? 0.0 : to_float(input<T>(p.seed, q, g));
+  }
 
   void eval(std::size_t c0, std::size_t n) {
     const std::size_t nv = c0 >= p.numel ? 0 : std::min(n, p.numel - c0);
@@ -483,28 +493,41 @@ CheckResult check_output(const Pipe& p, const ShardLayout& layout, int rank, con
 // ----------------------------------------------------------------------------------------------
 // One qcoll row: plan(s) over transport t with formats F1 (all-gather, hop 1) and F2 (hop 2).
 
+// The layout of a row: the flat layout of numel elements, or (--group) the group's.
+template <class T, class F1, class F2>
+ShardLayout row_layout(const Options& o, std::size_t numel, int W) {
+  const std::size_t granule = granule_for(sizeof(T), {F1::block, F2::block});
+  return o.group.empty() ? ShardLayout(numel, W, granule) : TensorGroup(o.group, W, granule).layout();
+}
+
+// Whether element g of a layout's buffer is data (below numel and, in a group, inside a tensor).
+bool is_data(const ShardLayout& layout, std::size_t g) { return layout.data_in(g, 1) == 1; }
+
 template <class T, class F1, class F2, class Tr>
 RowStats run_qcoll(Tr& t, const Topology& topo, const Options& o, OpKind op, std::size_t numel, Hops hops) {
   const int W = t.size(), r = t.rank();
-  const ShardLayout layout(numel, W, granule_for(sizeof(T), {F1::block, F2::block}));
+  const ShardLayout layout = row_layout<T, F1, F2>(o, numel, W);
+  numel = layout.numel();
   const std::size_t S = layout.shard_numel(), P = layout.padded_numel();
   Options oo = o;
   oo.hops = hops;
   Pipe pipe = base_pipe(oo, op, numel, topo, std::is_same<T, bfloat16>::value);
+  pipe.layout = layout.grouped() ? &layout : nullptr;
   pipe.f1 = model_of<F1>();
   pipe.f2 = model_of<F2>();
   pipe.f3 = pipe.f1;
   pipe.exact = pipe.f1.identity_bits && (hops == Hops::one || pipe.f2.identity_bits);
   RowStats s;
   auto fill_full = [&](T* buf, int who) {
-    for (std::size_t g = 0; g < P; ++g) buf[g] = g < numel ? input<T>(o.seed, who, g) : from_float<T>(0.0f);
+    for (std::size_t g = 0; g < P; ++g)
+      buf[g] = is_data(layout, g) ? input<T>(o.seed, who, g) : from_float<T>(0.0f);
   };
   if (op == OpKind::all_gather) {
     QuantizedAllGather<T, F1, Tr> plan(t, layout);
     Bytes in(S * sizeof(T)), out(P * sizeof(T)), ws(plan.workspace_bytes());
     const std::size_t off = layout.shard_offset(r);
     for (std::size_t i = 0; i < S; ++i)
-      in.as<T>()[i] = off + i < numel ? input<T>(o.seed, 0, off + i) : from_float<T>(0.0f);
+      in.as<T>()[i] = is_data(layout, off + i) ? input<T>(o.seed, 0, off + i) : from_float<T>(0.0f);
     const ByteCounters c0 = t.counters();
     s.seconds =
         time_calls(t, o, [&] { plan(in.as<T>(), out.as<T>(), ws.as<void>(), plan.workspace_bytes()); });
@@ -850,6 +873,34 @@ std::string fmt_label(const Options& o, OpKind op) {
   return op == OpKind::all_reduce ? f1 + ">" + f2 + ">" + f1 : f1 + ">" + f2;
 }
 
+// Elements of data of --group (0 without one).
+std::size_t group_numel(const Options& o) {
+  std::size_t n = 0;
+  for (std::size_t x : o.group) n += x;
+  return n;
+}
+
+// The cost of tensor alignment: padded elements and wire bytes per rank of the group's layout
+// next to the flat layout of the same elements, for the granule of each format of the run.
+template <class T>
+void print_group_cost(const Options& o, int W) {
+  const std::size_t n = group_numel(o);
+  std::printf("# tensor group %s: %zu tensors, %zu elements (%zu empty, largest %zu)\n", o.group_spec.c_str(),
+              o.group.size(), n,
+              static_cast<std::size_t>(std::count(o.group.begin(), o.group.end(), std::size_t{0})),
+              o.group.empty() ? std::size_t{0} : *std::max_element(o.group.begin(), o.group.end()));
+  std::printf("# %-18s %14s %14s %14s %9s\n", "granule (elements)", "flat padded", "group padded", "extra",
+              "extra(%)");
+  const std::size_t blocks[] = {o.format == FormatId::mxfp4 ? std::size_t{32} : o.block};
+  for (std::size_t b : blocks) {
+    const std::size_t g = granule_for(sizeof(T), {b});
+    const ShardLayout flat(n, W, g);
+    const TensorGroup grp(o.group, W, g);
+    std::printf("# %-18zu %14zu %14zu %14zu %9.2f\n", g, flat.padded_numel(), grp.padded_numel(),
+                grp.padded_numel() - flat.padded_numel(), 100.0 * grp.padding_overhead());
+  }
+}
+
 template <class T, class Tr>
 std::uint64_t bench_all(Tr& t, const Topology& topo, const Options& o, bool is_mpi) {
   const int W = t.size();
@@ -881,6 +932,7 @@ std::uint64_t bench_all(Tr& t, const Topology& topo, const Options& o, bool is_m
                       "fp32 for reductions; wire bytes = logical volume)"
                     : "qcoll's plain path: identity format of the element type, one hop (path 'ident-1hop')");
   }
+  if (root && !o.group.empty()) print_group_cost<T>(o, W);
   std::vector<std::vector<std::string>> overlap_rows;
   const bool overlap = is_mpi && o.overlap;
   for (OpKind op : o.ops) {
@@ -889,7 +941,11 @@ std::uint64_t bench_all(Tr& t, const Topology& topo, const Options& o, bool is_m
       table.header();
     }
     const double busf = op == OpKind::all_reduce ? 2.0 * (W - 1) / W : static_cast<double>(W - 1) / W;
-    for (std::size_t size = o.minbytes; size <= o.maxbytes;) {
+    // --group: one size, the group's elements.
+    const std::size_t group_bytes = group_numel(o) * sizeof(T);
+    const std::size_t min_size = o.group.empty() ? o.minbytes : group_bytes;
+    const std::size_t max_size = o.group.empty() ? o.maxbytes : group_bytes;
+    for (std::size_t size = min_size; size <= max_size;) {
       const std::size_t count = size / sizeof(T);
       auto print = [&](const char* path, const std::string& label, RowStats s) {
         s = combine(t, s);
@@ -960,7 +1016,7 @@ std::uint64_t bench_all(Tr& t, const Topology& topo, const Options& o, bool is_m
         }
         print(is_mpi ? "mpi" : "ident-1hop", is_mpi ? "-" : type, s);
       }
-      if (size > o.maxbytes / static_cast<std::size_t>(o.factor)) break;
+      if (size > max_size / static_cast<std::size_t>(o.factor) || !o.group.empty()) break;
       size *= static_cast<std::size_t>(o.factor);
     }
   }
@@ -990,6 +1046,42 @@ std::uint64_t bench_all(Tr& t, const Topology& topo, const Options& o, bool is_m
 template <class Tr>
 std::uint64_t bench_typed(Tr& t, const Topology& topo, const Options& o, bool is_mpi) {
   return o.bf16 ? bench_all<bfloat16>(t, topo, o, is_mpi) : bench_all<float>(t, topo, o, is_mpi);
+}
+
+// --group SPEC: list:N1,N2,... or random:COUNT:MAX[:SEED].
+std::vector<std::size_t> parse_group(const std::string& spec) {
+  auto number = [&](const std::string& v) {
+    char* end = nullptr;
+    const unsigned long long x = std::strtoull(v.c_str(), &end, 10);
+    if (v.empty() || *end != '\0')
+      throw bench::UsageError("flag --group: '" + v + "' in '" + spec + "' is not a count");
+    return static_cast<std::size_t>(x);
+  };
+  auto split = [](const std::string& v, char sep) {
+    std::vector<std::string> out;
+    std::size_t at = 0;
+    for (std::size_t i; (i = v.find(sep, at)) != std::string::npos; at = i + 1)
+      out.push_back(v.substr(at, i - at));
+    out.push_back(v.substr(at));
+    return out;
+  };
+  std::vector<std::size_t> sizes;
+  if (spec.rfind("list:", 0) == 0) {
+    for (const std::string& x : split(spec.substr(5), ',')) sizes.push_back(number(x));
+  } else if (spec.rfind("random:", 0) == 0) {
+    const std::vector<std::string> f = split(spec.substr(7), ':');
+    if (f.size() < 2 || f.size() > 3)
+      throw bench::UsageError("flag --group: '" + spec + "' is not random:COUNT:MAX[:SEED]");
+    const std::size_t count = number(f[0]), max = number(f[1]);
+    std::uint64_t state = f.size() == 3 ? number(f[2]) : 1;
+    for (std::size_t k = 0; k < count; ++k)
+      sizes.push_back(static_cast<std::size_t>(mix(++state) % (max + 1)));
+  } else {
+    throw bench::UsageError("flag --group: '" + spec + "' is not list:N1,N2,... or random:COUNT:MAX[:SEED]");
+  }
+  if (sizes.empty() || (sizes.size() == 1 && sizes[0] == 0))
+    throw bench::UsageError("flag --group: '" + spec + "' has no elements");
+  return sizes;
 }
 
 Options parse(int argc, char** argv, bool& help) {
@@ -1067,6 +1159,9 @@ Options parse(int argc, char** argv, bool& help) {
       if (v != "cpu" && v != "idle")
         throw bench::UsageError("flag --overlap-compute: '" + v + "' is not cpu or idle");
       o.overlap_idle = v == "idle";
+    } else if (a.flag("--group")) {
+      o.group_spec = a.value();
+      o.group = parse_group(o.group_spec);
     } else if (a.flag("--seed")) {
       o.seed = static_cast<std::uint64_t>(bench::parse_int(a.value(), a.name(), 0, 2147483647));
     } else {
