@@ -80,7 +80,7 @@ void print_help(const char* prog) {
       "before the layer computes, so it runs meanwhile), then in reverse: gather the weights again\n"
       "(the next one prefetched likewise), backpropagate, and start the reduce-scatter (mean) of the\n"
       "layer's bf16 gradient, finished before the Adam update of the own shards.\n"
-      "The job runs twice from the same seed:\n"
+      "The job runs from the same seed as:\n"
       "  plain   bf16 all-gathers, bf16 one-hop reduce-scatter (ZeRO-3)\n"
       "  ZeRO++  qwZ: int8 forward all-gather (block 256, one fp32 scale per block)\n"
       "          hpZ: backward gather from a node-local secondary shard (no bytes across nodes)\n"

@@ -2,7 +2,9 @@
 // The demo's training job: a small MLP regressing a fixed random "teacher" network, trained with
 // ZeRO-3-style sharding (fp32 master weights and Adam state sharded over the ranks, bf16 weights
 // and gradients on the wire) with plain collectives, with ZeRO++ (qwZ, hpZ, qgZ), and with the
-// low-bit techniques beyond it (error feedback, Hadamard rotation, ZeRO-2 with qWD).
+// low-bit techniques beyond it (error feedback, Hadamard rotation, ZeRO-2 with qWD). Each layer's
+// {W, b} is one TensorGroup with its own plans; the ZeRO-3 runs prefetch the next layer's weights
+// and overlap each layer's gradient reduce-scatter with the backward of the layers below it.
 // examples/demo.cpp is the command-line front end; tests/unit/test_demo.cpp calls train_local().
 
 #include <qcoll/collective/all_gather.hpp>
