@@ -28,7 +28,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -61,6 +63,7 @@ struct Options {
   Techniques zeropp{true, true, true};
   int print_every = 5;
   bool low_bit = true;
+  bool prefetch = true;
   bool mpi = false;
   bool help = false;
 };
@@ -70,18 +73,23 @@ void print_help(const char* prog) {
       "Usage: %s [options]\n"
       "\n"
       "Trains a small MLP (ReLU, fp32 master weights, Adam) to imitate a fixed random teacher network\n"
-      "on synthetic data, with ZeRO-3-style sharding: the parameters are one flat buffer cut into one\n"
-      "shard per rank; each rank keeps the fp32 master weights and Adam state of its shard only.\n"
-      "Every step: all-gather the bf16 weights (forward), gather them again (backward), run forward\n"
-      "and backward on the rank's micro-batch, reduce-scatter the bf16 gradient (mean), and update\n"
-      "the own shard. The job runs twice from the same seed:\n"
+      "on synthetic data, with ZeRO-3-style sharding: each layer's weight matrix and bias form one\n"
+      "tensor group (each tensor in its own whole blocks) cut into one shard per rank; each rank keeps\n"
+      "the fp32 master weights and Adam state of its shards only. Every step, layer by layer: all-\n"
+      "gather the layer's bf16 weights and compute it (forward; the next layer's gather is started\n"
+      "before the layer computes, so it runs meanwhile), then in reverse: gather the weights again\n"
+      "(the next one prefetched likewise), backpropagate, and start the reduce-scatter (mean) of the\n"
+      "layer's bf16 gradient, finished before the Adam update of the own shards.\n"
+      "The job runs from the same seed as:\n"
       "  plain   bf16 all-gathers, bf16 one-hop reduce-scatter (ZeRO-3)\n"
       "  ZeRO++  qwZ: int8 forward all-gather (block 256, one fp32 scale per block)\n"
       "          hpZ: backward gather from a node-local secondary shard (no bytes across nodes)\n"
       "          qgZ: int4 two-hop reduce-scatter (inside the node, then across nodes)\n"
       "It prints the training loss of both runs, the bytes each rank sends per step inside and\n"
-      "across nodes, and the time per step, then checks that the ZeRO++ final loss (held-out set,\n"
-      "trained fp32 weights) is within 2%% of the plain one.\n"
+      "across nodes, the time per step and the part of it spent in communication calls (blocking\n"
+      "calls, start, progress, finish), then checks that the ZeRO++ final loss (held-out set, trained\n"
+      "fp32 weights) is within 2%% of the plain one. It trains ZeRO++ a second time with blocking calls\n"
+      "instead of prefetch (same plans, same results) to compare the communication wait.\n"
       "Then it trains the low-bit configurations past ZeRO++ (int4 weights with Hadamard rotation,\n"
       "error feedback; ZeRO-2, where every rank keeps all weights and receives the owners' updates\n"
       "as int4 weight differences, qWD) and prints, for every configuration, the cross-node bytes per\n"
@@ -107,6 +115,8 @@ void print_help(const char* prog) {
       "  --no-hpz      ZeRO++ run: backward all-gather over all ranks instead of hpZ\n"
       "  --no-qgz      ZeRO++ run: bf16 one-hop reduce-scatter instead of int4 two-hop\n"
       "  --no-low-bit  skip the low-bit configurations past ZeRO++\n"
+      "  --no-prefetch every run with blocking calls (no prefetch, no overlapped reduce-scatter); skips\n"
+      "                the second ZeRO++ run\n"
       "  --mpi         run on MPI ranks (default when started by mpirun/mpiexec; needs an MPI build)\n"
       "  --help        this text\n"
       "\n"
@@ -162,6 +172,8 @@ Options parse(int argc, char** argv) {
       flag(o.zeropp.qgz, false);
     else if (arg == "--no-low-bit")
       flag(o.low_bit, false);
+    else if (arg == "--no-prefetch")
+      flag(o.prefetch, false);
     else if (arg == "--ranks")
       o.config.ranks = static_cast<int>(parse_int(arg, need(), 1, 1024));
     else if (arg == "--nodes")
@@ -214,8 +226,31 @@ double mean_seconds(const RunResult& r) {
   return n ? sum / static_cast<double>(n) : 0.0;
 }
 
-//! Prints the report; returns the exit status (0 pass, 1 fail).
-int report(const Options& o, const RunResult& plain, const RunResult& zpp) {
+double mean_comm_seconds(const RunResult& r) {
+  double sum = 0;
+  std::size_t n = 0;
+  for (std::size_t i = r.steps.size() > 1 ? 1 : 0; i < r.steps.size(); ++i, ++n)
+    sum += r.steps[i].comm_seconds;
+  return n ? sum / static_cast<double>(n) : 0.0;
+}
+
+//! True when two runs of the same configuration have the same losses and bytes in every step.
+bool same_run(const RunResult& a, const RunResult& b) {
+  auto same = [](Bytes x, Bytes y) { return x.intra == y.intra && x.inter == y.inter; };
+  if (a.steps.size() != b.steps.size() || a.final_eval != b.final_eval) return false;
+  for (std::size_t i = 0; i < a.steps.size(); ++i) {
+    const auto &x = a.steps[i], &y = b.steps[i];
+    if (x.loss != y.loss || !same(x.forward, y.forward) || !same(x.backward, y.backward) ||
+        !same(x.gradient, y.gradient) || !same(x.update, y.update))
+      return false;
+  }
+  return true;
+}
+
+//! Prints the report; returns the exit status (0 pass, 1 fail). `blocking` is the ZeRO++ run
+//! without prefetch, or null.
+int report(const Options& o, const RunResult& plain, const RunResult& zpp, const RunResult* blocking,
+           bool mpi) {
   const DemoConfig& c = o.config;
   std::printf("\nloss (training batch of the step, mean over ranks) and time per step\n");
   std::printf("  %6s  %12s  %12s  %10s  %10s\n", "step", "plain", "ZeRO++", "plain ms", "ZeRO++ ms");
@@ -259,9 +294,29 @@ int report(const Options& o, const RunResult& plain, const RunResult& zpp) {
       "  time per step         plain %.1f ms, ZeRO++ %.1f ms (all ranks share this machine's cores,\n"
       "                        so times measure compute and quantization, not a network)\n",
       mean_seconds(plain) * 1e3, mean_seconds(zpp) * 1e3);
-  std::printf("  result                %s: ZeRO++ final loss is %swithin %.0f%% of plain\n",
-              pass ? "PASS" : "FAIL", pass ? "" : "not ", kTolerance * 100.0);
-  return pass ? 0 : 1;
+  const char* mode = o.prefetch ? "with prefetch" : "blocking calls";
+  if (blocking)
+    std::printf(
+        "  communication wait    plain %.1f ms, ZeRO++ %.1f ms per step with prefetch; ZeRO++ %.1f ms\n"
+        "                        with blocking calls (same plans and order of layers; losses and bytes\n"
+        "                        %s)\n",
+        mean_comm_seconds(plain) * 1e3, mean_comm_seconds(zpp) * 1e3, mean_comm_seconds(*blocking) * 1e3,
+        same_run(zpp, *blocking) ? "identical" : "DIFFER");
+  else
+    std::printf("  communication wait    plain %.1f ms, ZeRO++ %.1f ms per step (%s)\n",
+                mean_comm_seconds(plain) * 1e3, mean_comm_seconds(zpp) * 1e3, mode);
+  std::printf(
+      "                        (time rank 0 spends inside blocking calls, start, progress and finish.\n"
+      "                        The %d ranks are %s sharing this machine's %u cores, so the wait\n"
+      "                        mostly reflects CPU contention, the copies and quantization of all\n"
+      "                        ranks on the same cores, not network latency; prefetch can only hide\n"
+      "                        what something else moves meanwhile)\n",
+      c.ranks, mpi ? "processes" : "threads", std::thread::hardware_concurrency());
+  const bool same = blocking == nullptr || same_run(zpp, *blocking);
+  std::printf("  result                %s: ZeRO++ final loss is %swithin %.0f%% of plain%s\n",
+              pass && same ? "PASS" : "FAIL", pass ? "" : "not ", kTolerance * 100.0,
+              same ? "" : "; prefetch and blocking runs differ");
+  return pass && same ? 0 : 1;
 }
 
 //! Prints the low-bit summary; returns 0 if the best configuration with at least kLowBitRatio fewer
@@ -308,21 +363,32 @@ bool started_by_mpi_launcher() {
          std::getenv("PMIX_RANK") != nullptr;
 }
 
+Techniques with_prefetch(Techniques t, bool prefetch) {
+  t.prefetch = prefetch;
+  return t;
+}
+
 int run_local(const Options& o) {
   print_start(o, false);
   std::printf("training plain ...\n");
   std::fflush(stdout);
-  const RunResult plain = qcoll_demo::train_local(o.config, Techniques{});
+  const RunResult plain = qcoll_demo::train_local(o.config, with_prefetch(Techniques{}, o.prefetch));
   std::printf("training ZeRO++ ...\n");
   std::fflush(stdout);
-  const RunResult zpp = qcoll_demo::train_local(o.config, o.zeropp);
-  int status = report(o, plain, zpp);
+  const RunResult zpp = qcoll_demo::train_local(o.config, with_prefetch(o.zeropp, o.prefetch));
+  std::optional<RunResult> blocking;
+  if (o.prefetch) {
+    std::printf("training ZeRO++ with blocking calls ...\n");
+    std::fflush(stdout);
+    blocking = qcoll_demo::train_local(o.config, with_prefetch(o.zeropp, false));
+  }
+  int status = report(o, plain, zpp, blocking ? &*blocking : nullptr, false);
   if (o.low_bit) {
     std::vector<RunResult> runs;
     for (const LowBit& l : kLowBit) {
       std::printf("training %s ...\n", l.name);
       std::fflush(stdout);
-      runs.push_back(qcoll_demo::train_local(o.config, l.techniques));
+      runs.push_back(qcoll_demo::train_local(o.config, with_prefetch(l.techniques, o.prefetch)));
     }
     status |= report_low_bit(plain, zpp, runs);
   }
@@ -352,19 +418,23 @@ int run_mpi(Options o) {
       std::printf("training plain ...\n");
       std::fflush(stdout);
     }
-    const RunResult plain = qcoll_demo::train_rank(world, topo, o.config, Techniques{});
+    const RunResult plain =
+        qcoll_demo::train_rank(world, topo, o.config, with_prefetch(Techniques{}, o.prefetch));
     if (rank == 0) {
       std::printf("training ZeRO++ ...\n");
       std::fflush(stdout);
     }
-    const RunResult zpp = qcoll_demo::train_rank(world, topo, o.config, o.zeropp);
+    const RunResult zpp = qcoll_demo::train_rank(world, topo, o.config, with_prefetch(o.zeropp, o.prefetch));
+    std::optional<RunResult> blocking;
+    if (o.prefetch) blocking = qcoll_demo::train_rank(world, topo, o.config, with_prefetch(o.zeropp, false));
     std::vector<RunResult> runs;
     if (o.low_bit)
       for (const LowBit& l : kLowBit)
-        runs.push_back(qcoll_demo::train_rank(world, topo, o.config, l.techniques));
+        runs.push_back(
+            qcoll_demo::train_rank(world, topo, o.config, with_prefetch(l.techniques, o.prefetch)));
     // Every rank holds the same losses, so every rank reaches the same verdict (rank 0 prints it).
     if (rank != 0) std::freopen("/dev/null", "w", stdout);
-    status = report(o, plain, zpp);
+    status = report(o, plain, zpp, blocking ? &*blocking : nullptr, true);
     if (o.low_bit) status |= report_low_bit(plain, zpp, runs);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "demo: error: %s\n", e.what());

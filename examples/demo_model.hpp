@@ -2,7 +2,9 @@
 // The demo's training job: a small MLP regressing a fixed random "teacher" network, trained with
 // ZeRO-3-style sharding (fp32 master weights and Adam state sharded over the ranks, bf16 weights
 // and gradients on the wire) with plain collectives, with ZeRO++ (qwZ, hpZ, qgZ), and with the
-// low-bit techniques beyond it (error feedback, Hadamard rotation, ZeRO-2 with qWD).
+// low-bit techniques beyond it (error feedback, Hadamard rotation, ZeRO-2 with qWD). Each layer's
+// {W, b} is one TensorGroup with its own plans; the ZeRO-3 runs prefetch the next layer's weights
+// and overlap each layer's gradient reduce-scatter with the backward of the layers below it.
 // examples/demo.cpp is the command-line front end; tests/unit/test_demo.cpp calls train_local().
 
 #include <qcoll/collective/all_gather.hpp>
@@ -12,6 +14,7 @@
 #include <qcoll/core/half.hpp>
 #include <qcoll/core/rng.hpp>
 #include <qcoll/format/format.hpp>
+#include <qcoll/layout/group.hpp>
 #include <qcoll/layout/shard.hpp>
 #include <qcoll/layout/topology.hpp>
 #include <qcoll/transport/local.hpp>
@@ -60,6 +63,9 @@ struct Techniques {
   bool qwz4 = false;      //!< qwZ in int4 instead of int8
   bool zero2 = false;     //!< ZeRO-2: every rank keeps all weights (bf16), updated after each step by a
                           //!< qWD int4 all-gather of weight differences; no weight gathers (qwz/hpz unused)
+  bool prefetch = true;   //!< overlap: start the next layer's weight gather before computing a layer and
+                          //!< the gradient reduce-scatters without waiting (start/finish); false: the
+                          //!< same per-layer plans with blocking calls. Same bits either way.
 };
 
 //! Returns "" when the configuration is usable, else a message naming the bad field.
@@ -94,12 +100,13 @@ struct Bytes {
 
 //! One optimizer step as seen by rank 0.
 struct StepStats {
-  double loss = 0;     //!< training loss of the step's global batch (mean over ranks)
-  Bytes forward;       //!< forward weight gather
-  Bytes backward;      //!< backward weight gather
-  Bytes gradient;      //!< gradient reduce-scatter
-  Bytes update;        //!< weight-update all-gather (ZeRO-2 with qWD)
-  double seconds = 0;  //!< wall time of the step (all ranks run concurrently)
+  double loss = 0;          //!< training loss of the step's global batch (mean over ranks)
+  Bytes forward;            //!< forward weight gather
+  Bytes backward;           //!< backward weight gather
+  Bytes gradient;           //!< gradient reduce-scatter
+  Bytes update;             //!< weight-update all-gather (ZeRO-2 with qWD)
+  double seconds = 0;       //!< wall time of the step (all ranks run concurrently)
+  double comm_seconds = 0;  //!< time inside communication calls (blocking, start, progress, finish)
   Bytes total() const {
     return Bytes{forward.intra + backward.intra + gradient.intra + update.intra,
                  forward.inter + backward.inter + gradient.inter + update.inter};
@@ -113,7 +120,9 @@ struct RunResult {
   std::vector<StepStats> steps;
   double initial_eval = 0;  //!< held-out loss of the initial weights
   double final_eval = 0;    //!< held-out loss of the trained fp32 master weights
+  //! Sums over the layers' tensor groups: data elements, padded elements, elements per shard.
   std::size_t numel = 0, padded_numel = 0, shard_numel = 0;
+  std::vector<std::size_t> layer_shard_numel;  //!< elements per shard of each layer's group
 };
 
 // --------------------------------------------------------------------------------------------
@@ -194,6 +203,34 @@ class Mlp {
     return p;
   }
 
+  //! Elements of layer l's weight matrix W_l ([in][out]) and of its bias b_l ([out]).
+  std::size_t w_numel(int l) const {
+    return static_cast<std::size_t>(dims_[l]) * static_cast<std::size_t>(dims_[l + 1]);
+  }
+  std::size_t b_numel(int l) const { return static_cast<std::size_t>(dims_[l + 1]); }
+  //! Offsets of W_l and b_l in the flat parameter buffer.
+  std::size_t w_offset(int l) const { return w_[l]; }
+  std::size_t b_offset(int l) const { return b_[l]; }
+  //! Width of activation i (dims[0] = inputs, dims[layers()] = outputs).
+  int dim(int i) const { return dims_[i]; }
+
+  //! Layer l on B samples: y [B][out] = act(X [B][in] W + bias) (act: ReLU or tanh on hidden
+  //! layers, identity on the last). Each sample's row is computed on its own, so running the rows
+  //! in parts gives the same bits as one call.
+  void forward_layer(int l, const float* W, const float* bias, const float* X, int B, float* y,
+                     bool tanh_hidden = false) const {
+    const int in = dims_[l], out = dims_[l + 1];
+    for (int b = 0; b < B; ++b) std::memcpy(y + static_cast<std::size_t>(b) * out, bias, sizeof(float) * out);
+    for (int i = 0; i < in; ++i) {
+      const float* wi = W + static_cast<std::size_t>(i) * out;
+      for (int b = 0; b < B; ++b)
+        axpy(X[static_cast<std::size_t>(b) * in + i], wi, y + static_cast<std::size_t>(b) * out, out);
+    }
+    if (l + 1 < layers())
+      for (std::size_t k = 0; k < static_cast<std::size_t>(B) * out; ++k)
+        y[k] = tanh_hidden ? std::tanh(y[k]) : (y[k] > 0.0f ? y[k] : 0.0f);
+  }
+
   //! Forward pass of B samples x [B][in] through parameters p; fills acts (activations of every
   //! layer, acts[0] = x) and returns the outputs acts.back() [B][out]. `tanh_hidden` selects tanh
   //! instead of ReLU for hidden layers.
@@ -202,21 +239,50 @@ class Mlp {
     acts.resize(dims_.size());
     acts[0].assign(x, x + static_cast<std::size_t>(B) * dims_[0]);
     for (int l = 0; l < layers(); ++l) {
-      const int in = dims_[l], out = dims_[l + 1];
-      std::vector<float>& y = acts[l + 1];
-      y.resize(static_cast<std::size_t>(B) * out);
-      const float* X = acts[l].data();
-      for (int b = 0; b < B; ++b)
-        std::memcpy(&y[static_cast<std::size_t>(b) * out], p + b_[l], sizeof(float) * out);
-      for (int i = 0; i < in; ++i) {
-        const float* wi = p + w_[l] + static_cast<std::size_t>(i) * out;
-        for (int b = 0; b < B; ++b)
-          axpy(X[static_cast<std::size_t>(b) * in + i], wi, &y[static_cast<std::size_t>(b) * out], out);
-      }
-      if (l + 1 < layers())
-        for (float& v : y) v = tanh_hidden ? std::tanh(v) : (v > 0.0f ? v : 0.0f);
+      acts[l + 1].resize(static_cast<std::size_t>(B) * dims_[l + 1]);
+      forward_layer(l, p + w_[l], p + b_[l], acts[l].data(), B, acts[l + 1].data(), tanh_hidden);
     }
     return acts.back();
+  }
+
+  //! Mean squared error of outputs y [B][out] against targets t [B][out]; if dy is not null it
+  //! receives the gradient of the loss with respect to y.
+  double output_loss(const float* y, const float* t, int B, std::vector<float>* dy) const {
+    const std::size_t n = static_cast<std::size_t>(B) * dims_.back();
+    double loss = 0;
+    if (dy) dy->resize(n);
+    const float scale = 2.0f / static_cast<float>(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      const float d = y[i] - t[i];
+      loss += static_cast<double>(d) * d;
+      if (dy) (*dy)[i] = scale * d;
+    }
+    return loss / static_cast<double>(n);
+  }
+
+  //! Backward pass of layer l on B samples: adds the gradients of W_l and b_l to gW [in][out] and
+  //! gb [out], given its input X [B][in] (acts[l]) and the gradient dy [B][out] of the loss with
+  //! respect to its pre-activation output (the layer above's dx, already masked by the ReLU).
+  //! If dx is not null, writes dx [B][in], the gradient with respect to X through the ReLU of
+  //! layer l - 1 (needs W_l). Samples are accumulated in order, so running the rows in
+  //! consecutive parts gives the same bits as one call.
+  void backward_layer(int l, const float* W, const float* X, const float* dy, int B, float* gW, float* gb,
+                      float* dx) const {
+    const int in = dims_[l], o = dims_[l + 1];
+    for (int b = 0; b < B; ++b) axpy(1.0f, dy + static_cast<std::size_t>(b) * o, gb, o);
+    for (int i = 0; i < in; ++i) {
+      float* gwi = gW + static_cast<std::size_t>(i) * o;
+      for (int b = 0; b < B; ++b)
+        axpy(X[static_cast<std::size_t>(b) * in + i], dy + static_cast<std::size_t>(b) * o, gwi, o);
+    }
+    if (dx == nullptr) return;
+    for (int i = 0; i < in; ++i) {
+      const float* wi = W + static_cast<std::size_t>(i) * o;
+      for (int b = 0; b < B; ++b) {
+        const std::size_t k = static_cast<std::size_t>(b) * in + i;
+        dx[k] = X[k] > 0.0f ? dot(wi, dy + static_cast<std::size_t>(b) * o, o) : 0.0f;  // ReLU mask
+      }
+    }
   }
 
   //! Mean squared error of the outputs against targets t [B][out], and (if grad is not null) its
@@ -225,40 +291,14 @@ class Mlp {
   //! same values, gathered again for the backward pass).
   double loss_and_grad(const float* p, const std::vector<std::vector<float>>& acts, const float* t, int B,
                        float* grad) const {
-    const int out = dims_.back();
-    const std::size_t n = static_cast<std::size_t>(B) * out;
-    const std::vector<float>& y = acts.back();
-    double loss = 0;
-    std::vector<float> dy(n);
-    const float scale = 2.0f / static_cast<float>(n);
-    for (std::size_t i = 0; i < n; ++i) {
-      const float d = y[i] - t[i];
-      loss += static_cast<double>(d) * d;
-      dy[i] = scale * d;
-    }
-    loss /= static_cast<double>(n);
+    std::vector<float> dy, dx;
+    const double loss = output_loss(acts.back().data(), t, B, grad ? &dy : nullptr);
     if (grad == nullptr) return loss;
     std::fill(grad, grad + numel_, 0.0f);
-    std::vector<float> dx;
     for (int l = layers() - 1; l >= 0; --l) {
-      const int in = dims_[l], o = dims_[l + 1];
-      const float* X = acts[l].data();
-      float* gb = grad + b_[l];
-      for (int b = 0; b < B; ++b) axpy(1.0f, &dy[static_cast<std::size_t>(b) * o], gb, o);
-      for (int i = 0; i < in; ++i) {
-        float* gwi = grad + w_[l] + static_cast<std::size_t>(i) * o;
-        for (int b = 0; b < B; ++b)
-          axpy(X[static_cast<std::size_t>(b) * in + i], &dy[static_cast<std::size_t>(b) * o], gwi, o);
-      }
-      if (l == 0) break;
-      dx.assign(static_cast<std::size_t>(B) * in, 0.0f);
-      for (int i = 0; i < in; ++i) {
-        const float* wi = p + w_[l] + static_cast<std::size_t>(i) * o;
-        for (int b = 0; b < B; ++b) {
-          const std::size_t k = static_cast<std::size_t>(b) * in + i;
-          dx[k] = X[k] > 0.0f ? dot(wi, &dy[static_cast<std::size_t>(b) * o], o) : 0.0f;  // ReLU mask
-        }
-      }
+      if (l > 0) dx.resize(static_cast<std::size_t>(B) * dims_[l]);
+      backward_layer(l, p + w_[l], acts[l].data(), dy.data(), B, grad + w_[l], grad + b_[l],
+                     l > 0 ? dx.data() : nullptr);
       dy.swap(dx);
     }
     return loss;
@@ -324,81 +364,142 @@ class Workspace {
 //! Block size of the quantized formats, and the layout granule that makes shards whole blocks.
 constexpr std::size_t kBlock = 256;
 
-//! Layout of the flat parameter buffer of the student of `c` over `ranks` shards.
-inline qcoll::ShardLayout demo_layout(const DemoConfig& c) {
-  return qcoll::ShardLayout(Mlp::student(c).numel(), c.ranks,
-                            qcoll::granule_for(sizeof(bfloat16), {kBlock, qcoll::Identity<bfloat16>::block}));
+//! Slot granule of the demo's tensor groups: a multiple of every block size its plans use.
+inline std::size_t demo_granule() {
+  return qcoll::granule_for(sizeof(bfloat16), {kBlock, qcoll::Identity<bfloat16>::block});
+}
+
+//! Layout of layer l of the student of `c` over `ranks` shards: one tensor group {W_l, b_l}, each
+//! tensor in its own slot of whole blocks.
+inline qcoll::TensorGroup demo_layer_group(const DemoConfig& c, int l) {
+  const Mlp model = Mlp::student(c);
+  return qcoll::TensorGroup({model.w_numel(l), model.b_numel(l)}, c.ranks, demo_granule());
 }
 
 namespace detail {
 
 inline Bytes operator+(Bytes a, Bytes b) { return Bytes{a.intra + b.intra, a.inter + b.inter}; }
+inline Bytes operator-(Bytes a, Bytes b) { return Bytes{a.intra - b.intra, a.inter - b.inter}; }
+template <class Sub>
+Bytes bytes_of(const Sub& t) {
+  return Bytes{t.counters().intra_node, t.counters().inter_node};
+}
 
 //! One rank's run with forward-gather format FwdF and gradient formats GradF1 / GradF2.
 template <class FwdF, class GradF1, class GradF2, class Transport>
 RunResult train_rank(Transport& world, const qcoll::Topology& topo, const DemoConfig& c, Techniques tech,
                      qcoll::Hops hops) {
   using Sub = decltype(world.split(0, 0));
+  using Bf16 = qcoll::Identity<bfloat16>;
+  using Gather = qcoll::QuantizedAllGather<bfloat16, FwdF, Transport>;
+  using Hpz = qcoll::SecondaryShard<bfloat16, Bf16, Transport>;
+  using Reduce = qcoll::QuantizedReduceScatter<bfloat16, GradF1, GradF2, Transport>;
+  using Qwd = qcoll::DeltaAllGather<bfloat16, qcoll::Int4<kBlock>, Transport>;
   const int W = world.size(), r = world.rank();
   const Mlp model = Mlp::student(c);
   const Task task(c);
-  const qcoll::ShardLayout layout = demo_layout(c);
-  const std::size_t S = layout.shard_numel(), P = layout.padded_numel(), off = layout.shard_offset(r);
-  const std::size_t valid = layout.valid_in_shard(r);
+  const int L = model.layers();
+  const bool zero3 = !tech.zero2, prefetch = tech.prefetch;
 
-  // Plans, built collectively in the same order on every rank. `metrics` carries the loss values
-  // and the evaluation weights, so its traffic stays out of the training counters.
+  // `metrics` carries the loss values and the evaluation weights, so its traffic stays out of the
+  // training counters.
   Sub metrics = world.split(0, r);
   // Hadamard rotation over a whole block (span 2^8 = kBlock), the same seed on every rank.
   const qcoll::Rotation rotation{tech.hadamard ? 8u : 0u, c.seed + 5};
   static_assert(kBlock == 256, "the rotation spans one block");
-  qcoll::QuantizedAllGather<bfloat16, FwdF, Transport> gather(
-      world, layout,
-      qcoll::HopOptions{qcoll::Rounding::nearest, 0, tech.qwz4 ? rotation : qcoll::Rotation{}});
-  std::optional<qcoll::SecondaryShard<bfloat16, qcoll::Identity<bfloat16>, Transport>> hpz;
-  if (tech.hpz && !tech.zero2) hpz.emplace(world, topo, layout);
   // Gradients are rounded to nearest: with Adam, stochastic rounding's extra variance inflates the
   // second moment and slows training more than nearest rounding's bias does.
   const qcoll::HopOptions grad_hop{qcoll::Rounding::nearest, 0, tech.qgz ? rotation : qcoll::Rotation{}};
-  qcoll::QuantizedReduceScatter<bfloat16, GradF1, GradF2, Transport> reduce(
-      world, topo, layout, qcoll::Reduce::mean, hops, qcoll::ReduceScatterOptions{grad_hop, grad_hop});
-  // ZeRO-2: the weight-difference all-gather keeping every rank's replica of the weights.
-  std::optional<qcoll::DeltaAllGather<bfloat16, qcoll::Int4<kBlock>, Transport>> qwd;
-  if (tech.zero2) qwd.emplace(world, layout);
-  Workspace ws(
-      std::max({gather.workspace_bytes(), hpz ? hpz->workspace_bytes() : std::size_t{0},
-                reduce.workspace_bytes(), qwd ? qwd->workspace_bytes() : std::size_t{0},
-                qwd ? qwd->template resync_workspace_bytes<qcoll::Identity<bfloat16>>() : std::size_t{0}}));
-  Workspace residual(tech.feedback ? reduce.residual_bytes() : 0);
-  if (tech.feedback) reduce.init_residual(residual.data(), residual.size());
 
-  // fp32 master shard and Adam state, all sharded.
-  std::vector<float> master(S, 0.0f), m(S, 0.0f), v(S, 0.0f);
-  {
-    const std::vector<float> init = model.init(c.seed, 0.5f);
-    for (std::size_t i = 0; i < valid; ++i) master[i] = init[off + i];
-  }
-  std::vector<bfloat16> shard(S), full(P), grad16(P), grad_shard(S), replica(tech.zero2 ? P : 0);
-  std::vector<float> weights(P), grad(P, 0.0f), x, t;
-  std::vector<std::vector<float>> acts;
-
+  // One tensor group {W_l, b_l} per layer and its plans, built collectively in the same order on
+  // every rank. One plan per layer and operation, so that several calls can be in flight (a plan
+  // takes one at a time). Master weights and Adam state: the layer's shard, fp32.
+  struct Layer {
+    qcoll::TensorGroup group;
+    std::unique_ptr<Gather> gather;  // ZeRO-3: forward (and, without hpZ, backward) weight gather
+    std::unique_ptr<Hpz> hpz;        // ZeRO++: backward gather from the node-local secondary shard
+    std::unique_ptr<Reduce> reduce;  // gradient reduce-scatter
+    std::unique_ptr<Qwd> qwd;        // ZeRO-2: weight-difference all-gather
+    std::unique_ptr<Workspace> ws_gather, ws_reduce, residual;
+    std::size_t S = 0, P = 0, off = 0;
+    std::vector<float> master, m, v, weights, grad;
+    std::vector<bfloat16> shard, full, grad16, grad_shard, replica;
+    typename Gather::Pending pending_gather;
+    typename Reduce::Pending pending_reduce;
+    explicit Layer(qcoll::TensorGroup g) : group(std::move(g)) {}
+  };
+  std::vector<std::unique_ptr<Layer>> layers;
+  const std::vector<float> init = model.init(c.seed, 0.5f);
   RunResult res;
   res.techniques = tech;
-  res.numel = layout.numel();
-  res.padded_numel = P;
-  res.shard_numel = S;
+  for (int l = 0; l < L; ++l) {
+    layers.push_back(std::make_unique<Layer>(demo_layer_group(c, l)));
+    Layer& y = *layers.back();
+    const qcoll::TensorGroup& g = y.group;
+    if (zero3)
+      y.gather = std::make_unique<Gather>(
+          world, g, qcoll::HopOptions{qcoll::Rounding::nearest, 0, tech.qwz4 ? rotation : qcoll::Rotation{}});
+    if (zero3 && tech.hpz) y.hpz = std::make_unique<Hpz>(world, topo, g);
+    y.reduce = std::make_unique<Reduce>(world, topo, g, qcoll::Reduce::mean, hops,
+                                        qcoll::ReduceScatterOptions{grad_hop, grad_hop});
+    if (!zero3) y.qwd = std::make_unique<Qwd>(world, g);
+    y.ws_gather = std::make_unique<Workspace>(std::max(
+        {y.gather ? y.gather->workspace_bytes() : std::size_t{0},
+         y.hpz ? y.hpz->workspace_bytes() : std::size_t{0}, y.qwd ? y.qwd->workspace_bytes() : std::size_t{0},
+         y.qwd ? y.qwd->template resync_workspace_bytes<Bf16>() : std::size_t{0}}));
+    y.ws_reduce = std::make_unique<Workspace>(y.reduce->workspace_bytes());
+    y.residual = std::make_unique<Workspace>(tech.feedback ? y.reduce->residual_bytes() : 0);
+    if (tech.feedback) y.reduce->init_residual(y.residual->data(), y.residual->size());
+    y.S = g.shard_numel();
+    y.P = g.padded_numel();
+    y.off = g.layout().shard_offset(r);
+    y.master.assign(y.S, 0.0f);
+    y.m.assign(y.S, 0.0f);
+    y.v.assign(y.S, 0.0f);
+    // The layer's part of the initial weights: W_l and b_l pieces of this rank's shard (the
+    // padding between and after them stays 0 and is never read as data).
+    g.for_each_piece(r, [&](const qcoll::TensorGroup::Piece& pc) {
+      const std::size_t src = (pc.tensor == 0 ? model.w_offset(l) : model.b_offset(l)) + pc.tensor_offset;
+      std::copy(init.begin() + static_cast<std::ptrdiff_t>(src),
+                init.begin() + static_cast<std::ptrdiff_t>(src + pc.count),
+                y.master.begin() + static_cast<std::ptrdiff_t>(pc.offset - y.off));
+    });
+    y.weights.assign(y.P, 0.0f);
+    y.grad.assign(y.P, 0.0f);
+    y.shard.resize(y.S);
+    y.full.resize(y.P);
+    y.grad16.resize(y.P);
+    y.grad_shard.resize(y.S);
+    y.replica.resize(zero3 ? 0 : y.P);
+    res.numel += g.data_numel();
+    res.padded_numel += y.P;
+    res.shard_numel += y.S;
+    res.layer_shard_numel.push_back(y.S);
+  }
+  std::vector<float> x, t, dy, dx;
+  std::vector<std::vector<float>> acts(static_cast<std::size_t>(L) + 1);
 
-  // Held-out loss of the fp32 master weights (gathered unquantized over `metrics`).
+  // Held-out loss of the fp32 master weights (gathered unquantized over `metrics`, then placed in
+  // the model's flat buffer).
   auto evaluate = [&]() {
-    std::vector<float> all(P);
-    metrics.all_gather(master.data(), all.data(), S * sizeof(float));
+    std::vector<float> flat(model.numel()), all;
+    for (int l = 0; l < L; ++l) {
+      const Layer& y = *layers[static_cast<std::size_t>(l)];
+      all.assign(y.P, 0.0f);
+      metrics.all_gather(y.master.data(), all.data(), y.S * sizeof(float));
+      std::copy_n(all.begin() + static_cast<std::ptrdiff_t>(y.group.offset(0)), model.w_numel(l),
+                  flat.begin() + static_cast<std::ptrdiff_t>(model.w_offset(l)));
+      std::copy_n(all.begin() + static_cast<std::ptrdiff_t>(y.group.offset(1)), model.b_numel(l),
+                  flat.begin() + static_cast<std::ptrdiff_t>(model.b_offset(l)));
+    }
     const int per_rank = (c.eval_samples + W - 1) / W;
     const int first = r * per_rank, count = std::max(0, std::min(c.eval_samples - first, per_rank));
     double sums[2] = {0, 0};
     if (count > 0) {
+      std::vector<std::vector<float>> eval_acts;
       task.samples(1u << 20, static_cast<std::uint64_t>(first), 1, count, x, t);
-      model.forward(all.data(), x.data(), count, acts);
-      sums[0] = model.loss_and_grad(all.data(), acts, t.data(), count, nullptr) * count;
+      model.forward(flat.data(), x.data(), count, eval_acts);
+      sums[0] = model.loss_and_grad(flat.data(), eval_acts, t.data(), count, nullptr) * count;
       sums[1] = count;
     }
     std::vector<double> gathered(2 * static_cast<std::size_t>(W));
@@ -413,82 +514,180 @@ RunResult train_rank(Transport& world, const qcoll::Topology& topo, const DemoCo
   auto to_float = [](const std::vector<bfloat16>& in, std::vector<float>& out) {
     for (std::size_t i = 0; i < in.size(); ++i) out[i] = qcoll::to_float(in[i]);
   };
-  auto snapshot = [&]() {
-    Bytes b{world.counters().intra_node, world.counters().inter_node};
+  auto to_bf16 = [](const std::vector<float>& in, std::vector<bfloat16>& out) {
+    for (std::size_t i = 0; i < out.size(); ++i) out[i] = qcoll::from_float<bfloat16>(in[i]);
+  };
+  // Bytes handed to every transport of the training plans so far. A nonblocking exchange is
+  // counted when this rank completes it, inside a call on its own handle, so the difference
+  // around one call is that call's traffic.
+  auto all_bytes = [&]() {
+    Bytes b = bytes_of(world);
+    for (const auto& y : layers) {
+      b = b + bytes_of(y->reduce->intra_node()) + bytes_of(y->reduce->inter_node());
+      if (y->hpz) b = b + bytes_of(y->hpz->intra_node());
+    }
     return b;
   };
-  auto sub_bytes = [&]() {
-    Bytes b = Bytes{reduce.intra_node().counters().intra_node, reduce.intra_node().counters().inter_node} +
-              Bytes{reduce.inter_node().counters().intra_node, reduce.inter_node().counters().inter_node};
-    if (hpz) b = b + Bytes{hpz->intra_node().counters().intra_node, hpz->intra_node().counters().inter_node};
-    return b;
-  };
-  auto minus = [](Bytes a, Bytes b) { return Bytes{a.intra - b.intra, a.inter - b.inter}; };
 
   res.initial_eval = evaluate();
-  if (qwd) {  // every replica starts as the initial weights, exactly (set-up, not a training step)
-    for (std::size_t i = 0; i < S; ++i) shard[i] = qcoll::from_float<bfloat16>(master[i]);
-    qwd->template resync<qcoll::Identity<bfloat16>>(shard.data(), replica.data(), ws.data(), ws.size());
-  }
+  for (auto& y : layers)  // ZeRO-2: every replica starts as the initial weights, exactly (set-up)
+    if (y->qwd) {
+      to_bf16(y->master, y->shard);
+      y->qwd->template resync<Bf16>(y->shard.data(), y->replica.data(), y->ws_gather->data(),
+                                    y->ws_gather->size());
+    }
   const double b1 = 0.9, b2 = 0.999, eps = 1e-8;
+  const int B = c.batch, half = B / 2;
   for (int step = 0; step < c.steps; ++step) {
     StepStats st;
     world.barrier();
     const auto t0 = std::chrono::steady_clock::now();
-    world.reset_counters();
+    // A communication call (blocking, start, progress or finish): its time is waiting for
+    // communication, its bytes belong to `phase`.
+    auto comm = [&](Bytes& phase, auto&& call) {
+      const Bytes before = all_bytes();
+      const auto c0 = std::chrono::steady_clock::now();
+      call();
+      st.comm_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - c0).count();
+      phase = phase + (all_bytes() - before);
+    };
+    auto layer = [&](int l) -> Layer& { return *layers[static_cast<std::size_t>(l)]; };
+    auto start_gather = [&](Bytes& phase, int l) {
+      Layer& y = layer(l);
+      comm(phase, [&] {
+        y.pending_gather =
+            y.gather->start(y.shard.data(), y.full.data(), y.ws_gather->data(), y.ws_gather->size());
+      });
+    };
+    // Weights of layer l, gathered: finishes the prefetched call, or makes a blocking one.
+    auto gather_weights = [&](Bytes& phase, int l) {
+      Layer& y = layer(l);
+      if (prefetch)
+        comm(phase, [&] { y.gather->finish(y.pending_gather); });
+      else
+        comm(phase,
+             [&] { (*y.gather)(y.shard.data(), y.full.data(), y.ws_gather->data(), y.ws_gather->size()); });
+    };
+    // Lets the calls in flight move (LocalTransport: makes copies for peers; MPI: tests requests).
+    bool in_backward = false;  // which phase the weight gathers in flight belong to
+    auto progress = [&]() {
+      for (auto& y : layers) {
+        if (y->pending_gather.active())
+          comm(in_backward ? st.backward : st.forward, [&] { y->pending_gather.progress(); });
+        if (y->pending_reduce.active()) comm(st.gradient, [&] { y->pending_reduce.progress(); });
+      }
+    };
 
-    // Forward: gather the weights (qwZ or bf16), keep the hpZ secondary shard, run the model.
-    // ZeRO-2: the replica is the weights.
-    for (std::size_t i = 0; i < S; ++i) shard[i] = qcoll::from_float<bfloat16>(master[i]);
-    if (!qwd) gather(shard.data(), full.data(), ws.data(), ws.size());
-    st.forward = snapshot();
-    if (hpz) hpz->capture(full.data(), static_cast<std::uint64_t>(step));
-    to_float(qwd ? replica : full, weights);
-    const std::uint64_t first_id =
-        (static_cast<std::uint64_t>(step) * W + r) * static_cast<std::uint64_t>(c.batch);
-    task.samples(0, first_id, 1, c.batch, x, t);
-    model.forward(weights.data(), x.data(), c.batch, acts);
-    std::fill(full.begin(), full.end(), bfloat16{});  // ZeRO-3 frees the gathered weights here
+    const std::uint64_t first_id = (static_cast<std::uint64_t>(step) * W + r) * static_cast<std::uint64_t>(B);
+    task.samples(0, first_id, 1, B, x, t);
+    acts[0] = x;
 
-    // Backward: gather the weights again (hpZ: inside the node only), backpropagate.
-    Bytes sub1 = sub_bytes();
-    if (hpz)
-      hpz->gather(full.data(), static_cast<std::uint64_t>(step), ws.data(), ws.size());
-    else if (!qwd)
-      gather(shard.data(), full.data(), ws.data(), ws.size());
-    st.backward = minus(snapshot(), st.forward) + minus(sub_bytes(), sub1);
-    to_float(qwd ? replica : full, weights);
-    const double loss = model.loss_and_grad(weights.data(), acts, t.data(), c.batch, grad.data());
-
-    // Gradient reduce-scatter (mean over ranks) into this rank's shard.
-    const Bytes before_rs = snapshot();
-    Bytes sub2 = sub_bytes();
-    for (std::size_t i = 0; i < P; ++i) grad16[i] = qcoll::from_float<bfloat16>(grad[i]);
-    if (tech.feedback) {
-      reduce(grad16.data(), grad_shard.data(), ws.data(), ws.size(),
-             qcoll::ResidualState{residual.data(), residual.size()});
-    } else {
-      reduce(grad16.data(), grad_shard.data(), ws.data(), ws.size());
+    // Forward, layer by layer. ZeRO-3: gather the layer's weights (qwZ or bf16; with prefetch the
+    // gather of layer l + 1 runs while layer l computes), keep the hpZ secondary shard, compute,
+    // free the gathered weights. ZeRO-2: the replica is the weights.
+    for (auto& y : layers) to_bf16(y->master, y->shard);
+    if (zero3 && prefetch) start_gather(st.forward, 0);
+    for (int l = 0; l < L; ++l) {
+      Layer& y = layer(l);
+      if (zero3) {
+        gather_weights(st.forward, l);
+        if (y.hpz) y.hpz->capture(y.full.data(), static_cast<std::uint64_t>(step));
+      }
+      to_float(zero3 ? y.full : y.replica, y.weights);
+      if (zero3 && prefetch && l + 1 < L) start_gather(st.forward, l + 1);
+      const float* Wl = y.weights.data() + y.group.offset(0);
+      const float* bl = y.weights.data() + y.group.offset(1);
+      const int in = model.dim(l), out = model.dim(l + 1);
+      acts[static_cast<std::size_t>(l) + 1].resize(static_cast<std::size_t>(B) * out);
+      float* out_rows = acts[static_cast<std::size_t>(l) + 1].data();
+      const float* in_rows = acts[static_cast<std::size_t>(l)].data();
+      model.forward_layer(l, Wl, bl, in_rows, half, out_rows);
+      progress();
+      model.forward_layer(l, Wl, bl, in_rows + static_cast<std::size_t>(half) * in, B - half,
+                          out_rows + static_cast<std::size_t>(half) * out);
+      progress();
+      if (zero3) std::fill(y.full.begin(), y.full.end(), bfloat16{});  // ZeRO-3 frees the gathered weights
     }
-    st.gradient = minus(snapshot(), before_rs) + minus(sub_bytes(), sub2);
 
-    // Adam on the own shard.
+    // Backward, layer by layer in reverse: the layer's weights again (hpZ: from the node-local
+    // secondary shard, blocking; plain: the all-gather, with prefetch started one layer ahead),
+    // backpropagate, then start the reduce-scatter (mean over ranks) of the layer's gradient;
+    // it completes while the layers below compute, and is finished before the optimizer step.
+    in_backward = true;
+    const double loss = model.output_loss(acts.back().data(), t.data(), B, &dy);
+    const bool gather_back = zero3 && !tech.hpz;
+    if (gather_back && prefetch) start_gather(st.backward, L - 1);
+    for (int l = L - 1; l >= 0; --l) {
+      Layer& y = layer(l);
+      if (y.hpz)
+        comm(st.backward, [&] {
+          y.hpz->gather(y.full.data(), static_cast<std::uint64_t>(step), y.ws_gather->data(),
+                        y.ws_gather->size());
+        });
+      else if (gather_back)
+        gather_weights(st.backward, l);
+      if (zero3) to_float(y.full, y.weights);
+      if (gather_back && prefetch && l > 0) start_gather(st.backward, l - 1);
+      const float* Wl = y.weights.data() + y.group.offset(0);
+      float* gW = y.grad.data() + y.group.offset(0);
+      float* gb = y.grad.data() + y.group.offset(1);
+      std::fill(y.grad.begin(), y.grad.end(), 0.0f);
+      const int in = model.dim(l), out = model.dim(l + 1);
+      const float* X = acts[static_cast<std::size_t>(l)].data();
+      if (l > 0) dx.resize(static_cast<std::size_t>(B) * in);
+      model.backward_layer(l, Wl, X, dy.data(), half, gW, gb, l > 0 ? dx.data() : nullptr);
+      progress();
+      model.backward_layer(l, Wl, X + static_cast<std::size_t>(half) * in,
+                           dy.data() + static_cast<std::size_t>(half) * out, B - half, gW, gb,
+                           l > 0 ? dx.data() + static_cast<std::size_t>(half) * in : nullptr);
+      dy.swap(dx);
+      if (zero3) std::fill(y.full.begin(), y.full.end(), bfloat16{});
+      to_bf16(y.grad, y.grad16);
+      const qcoll::ResidualState residual{y.residual->data(), y.residual->size()};
+      if (prefetch)
+        comm(st.gradient, [&] {
+          y.pending_reduce = tech.feedback
+                                 ? y.reduce->start(y.grad16.data(), y.grad_shard.data(), y.ws_reduce->data(),
+                                                   y.ws_reduce->size(), residual)
+                                 : y.reduce->start(y.grad16.data(), y.grad_shard.data(), y.ws_reduce->data(),
+                                                   y.ws_reduce->size());
+        });
+      else
+        comm(st.gradient, [&] {
+          if (tech.feedback)
+            (*y.reduce)(y.grad16.data(), y.grad_shard.data(), y.ws_reduce->data(), y.ws_reduce->size(),
+                        residual);
+          else
+            (*y.reduce)(y.grad16.data(), y.grad_shard.data(), y.ws_reduce->data(), y.ws_reduce->size());
+        });
+    }
+    for (int l = L - 1; l >= 0; --l)
+      if (layer(l).pending_reduce.active())
+        comm(st.gradient, [&] { layer(l).reduce->finish(layer(l).pending_reduce); });
+
+    // Adam on the own shard of every layer (the padding of the group stays 0: its gradient is 0).
     const double k = static_cast<double>(step + 1);
     const float c1 = static_cast<float>(1.0 / (1.0 - std::pow(b1, k)));
     const float c2 = static_cast<float>(1.0 / (1.0 - std::pow(b2, k)));
-    for (std::size_t i = 0; i < valid; ++i) {
-      const float g = qcoll::to_float(grad_shard[i]);
-      m[i] = static_cast<float>(b1) * m[i] + static_cast<float>(1.0 - b1) * g;
-      v[i] = static_cast<float>(b2) * v[i] + static_cast<float>(1.0 - b2) * g * g;
-      master[i] -= c.lr * (m[i] * c1) / (std::sqrt(v[i] * c2) + static_cast<float>(eps));
+    for (auto& yp : layers) {
+      Layer& y = *yp;
+      y.group.for_each_piece(r, [&](const qcoll::TensorGroup::Piece& pc) {
+        for (std::size_t i = pc.offset - y.off; i < pc.offset - y.off + pc.count; ++i) {
+          const float g = qcoll::to_float(y.grad_shard[i]);
+          y.m[i] = static_cast<float>(b1) * y.m[i] + static_cast<float>(1.0 - b1) * g;
+          y.v[i] = static_cast<float>(b2) * y.v[i] + static_cast<float>(1.0 - b2) * g * g;
+          y.master[i] -= c.lr * (y.m[i] * c1) / (std::sqrt(y.v[i] * c2) + static_cast<float>(eps));
+        }
+      });
     }
     // ZeRO-2: every replica takes the owners' updated weights, as int4 differences.
-    if (qwd) {
-      const Bytes before_update = snapshot();
-      for (std::size_t i = 0; i < S; ++i) shard[i] = qcoll::from_float<bfloat16>(master[i]);
-      (*qwd)(shard.data(), replica.data(), ws.data(), ws.size());
-      st.update = minus(snapshot(), before_update);
-    }
+    for (auto& y : layers)
+      if (y->qwd) {
+        to_bf16(y->master, y->shard);
+        comm(st.update, [&] {
+          (*y->qwd)(y->shard.data(), y->replica.data(), y->ws_gather->data(), y->ws_gather->size());
+        });
+      }
 
     // Global training loss: mean of the ranks' micro-batch losses.
     std::vector<double> losses(static_cast<std::size_t>(W));

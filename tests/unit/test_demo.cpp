@@ -37,6 +37,15 @@ double mean_loss(const RunResult& r, std::size_t first, std::size_t count) {
   return s / static_cast<double>(count);
 }
 
+// Bytes of one message per layer of F-encoded elements, n times the layer's shard, summed over the
+// layers (each layer's tensor group is its own plan, so its messages are sized by its own shard).
+template <class F>
+std::uint64_t layer_bytes(const RunResult& r, std::uint64_t n) {
+  std::uint64_t b = 0;
+  for (std::size_t s : r.layer_shard_numel) b += qcoll::packed_bytes<F>(n * s);
+  return b;
+}
+
 void check_bytes(const RunResult& r, const char* phase, Bytes got, std::uint64_t intra, std::uint64_t inter) {
   INFO("phase " << phase << ", run qwz=" << r.techniques.qwz << " hpz=" << r.techniques.hpz
                 << " qgz=" << r.techniques.qgz);
@@ -71,20 +80,24 @@ TEST_CASE(
   CHECK(rel >= -0.02);
 
   // Bytes rank 0 hands to the transports per step, from the message sizes. W ranks on N nodes of
-  // L; S = elements per primary shard. A rank has L - 1 peers on its node and W - L on others.
+  // L. A rank has L - 1 peers on its node and W - L on others.
   const std::uint64_t W = static_cast<std::uint64_t>(c.ranks), N = static_cast<std::uint64_t>(c.nodes);
   const std::uint64_t L = W / N;
+  // S_l = elements per shard of layer l's tensor group {W_l, b_l}; a byte figure below is the sum
+  // over the layers of the messages of each layer's plan.
   const std::size_t S = plain.shard_numel;
   REQUIRE(S == zpp.shard_numel);
+  REQUIRE(plain.layer_shard_numel == zpp.layer_shard_numel);
+  REQUIRE(plain.layer_shard_numel.size() == static_cast<std::size_t>(c.layers));
   REQUIRE(S * W >= plain.numel);
   using Bf16 = qcoll::Identity<bfloat16>;
   using I8 = qcoll::Int8<qcoll_demo::kBlock>;
   using I4 = qcoll::Int4<qcoll_demo::kBlock>;
-  const std::uint64_t bf16_shard = qcoll::packed_bytes<Bf16>(S);
-  const std::uint64_t bf16_secondary = qcoll::packed_bytes<Bf16>(N * S);  // one hpZ secondary shard
-  const std::uint64_t int8_shard = qcoll::packed_bytes<I8>(S);
-  const std::uint64_t int4_chunk = qcoll::packed_bytes<I4>(N * S);  // qgZ hop 1: N slices per message
-  const std::uint64_t int4_shard = qcoll::packed_bytes<I4>(S);      // qgZ hop 2: one slice per message
+  const std::uint64_t bf16_shard = layer_bytes<Bf16>(plain, 1);
+  const std::uint64_t bf16_secondary = layer_bytes<Bf16>(plain, N);  // one hpZ secondary shard
+  const std::uint64_t int8_shard = layer_bytes<I8>(plain, 1);
+  const std::uint64_t int4_chunk = layer_bytes<I4>(plain, N);  // qgZ hop 1: N slices per message
+  const std::uint64_t int4_shard = layer_bytes<I4>(plain, 1);  // qgZ hop 2: one slice per message
   for (int s = 0; s < c.steps; ++s) {
     const auto& p = plain.steps[static_cast<std::size_t>(s)];
     const auto& z = zpp.steps[static_cast<std::size_t>(s)];
@@ -123,8 +136,7 @@ TEST_CASE("demo: each ZeRO++ technique can be switched off on its own") {
 
   SUBCASE("qwZ only: int8 forward gather, the same int8 gather again for backward, bf16 gradients") {
     const RunResult r = qcoll_demo::train_local(c, Techniques{true, false, false});
-    const std::size_t S = r.shard_numel;
-    const std::uint64_t i8 = qcoll::packed_bytes<I8>(S), bf = qcoll::packed_bytes<Bf16>(S);
+    const std::uint64_t i8 = layer_bytes<I8>(r, 1), bf = layer_bytes<Bf16>(r, 1);
     for (const auto& s : r.steps) {
       check_bytes(r, "forward", s.forward, (L - 1) * i8, (W - L) * i8);
       check_bytes(r, "backward", s.backward, (L - 1) * i8, (W - L) * i8);
@@ -133,8 +145,7 @@ TEST_CASE("demo: each ZeRO++ technique can be switched off on its own") {
   }
   SUBCASE("hpZ only: bf16 forward gather, node-local backward gather, bf16 gradients") {
     const RunResult r = qcoll_demo::train_local(c, Techniques{false, true, false});
-    const std::size_t S = r.shard_numel;
-    const std::uint64_t bf = qcoll::packed_bytes<Bf16>(S), sec = qcoll::packed_bytes<Bf16>(N * S);
+    const std::uint64_t bf = layer_bytes<Bf16>(r, 1), sec = layer_bytes<Bf16>(r, N);
     for (const auto& s : r.steps) {
       check_bytes(r, "forward", s.forward, (L - 1) * bf, (W - L) * bf);
       check_bytes(r, "backward", s.backward, (L - 1) * sec, 0);
@@ -143,13 +154,12 @@ TEST_CASE("demo: each ZeRO++ technique can be switched off on its own") {
   }
   SUBCASE("qgZ only: bf16 gathers, int4 two-hop gradients") {
     const RunResult r = qcoll_demo::train_local(c, Techniques{false, false, true});
-    const std::size_t S = r.shard_numel;
-    const std::uint64_t bf = qcoll::packed_bytes<Bf16>(S);
+    const std::uint64_t bf = layer_bytes<Bf16>(r, 1);
     for (const auto& s : r.steps) {
       check_bytes(r, "forward", s.forward, (L - 1) * bf, (W - L) * bf);
       check_bytes(r, "backward", s.backward, (L - 1) * bf, (W - L) * bf);
-      check_bytes(r, "gradient", s.gradient, (L - 1) * qcoll::packed_bytes<I4>(N * S),
-                  (N - 1) * qcoll::packed_bytes<I4>(S));
+      check_bytes(r, "gradient", s.gradient, (L - 1) * layer_bytes<I4>(r, N),
+                  (N - 1) * layer_bytes<I4>(r, 1));
     }
   }
 }
@@ -177,13 +187,42 @@ TEST_CASE("demo: ZeRO-2 with qWD learns like plain and sends int4 differences an
   CHECK(std::fabs(z2.final_eval - plain.final_eval) / plain.final_eval <= 0.02);
   const std::uint64_t W = static_cast<std::uint64_t>(c.ranks), N = static_cast<std::uint64_t>(c.nodes);
   const std::uint64_t L = W / N;
-  const std::size_t S = z2.shard_numel;
   using I4 = qcoll::Int4<qcoll_demo::kBlock>;
-  const std::uint64_t chunk = qcoll::packed_bytes<I4>(N * S), slice = qcoll::packed_bytes<I4>(S);
+  const std::uint64_t chunk = layer_bytes<I4>(z2, N), slice = layer_bytes<I4>(z2, 1);
   for (const auto& s : z2.steps) {
     check_bytes(z2, "forward", s.forward, 0, 0);  // every rank holds the weights
     check_bytes(z2, "backward", s.backward, 0, 0);
     check_bytes(z2, "gradient", s.gradient, (L - 1) * chunk, (N - 1) * slice);
     check_bytes(z2, "update", s.update, (L - 1) * slice, (W - L) * slice);  // qWD: int4 differences
+  }
+}
+
+TEST_CASE("demo: prefetch (start/finish, one plan per layer) gives the same bits as blocking calls") {
+  DemoConfig c = small_config();
+  c.steps = 4;
+  Techniques int4;  // int4 weights with rotation, two-hop int4 gradients with feedback
+  int4.qwz = int4.hpz = int4.qgz = int4.feedback = int4.hadamard = int4.qwz4 = true;
+  Techniques zero2;
+  zero2.qgz = zero2.feedback = zero2.zero2 = true;
+  for (Techniques t :
+       {Techniques{}, Techniques{true, true, true}, Techniques{true, false, true}, int4, zero2}) {
+    INFO("qwz=" << t.qwz << " hpz=" << t.hpz << " qgz=" << t.qgz << " feedback=" << t.feedback
+                << " zero2=" << t.zero2);
+    t.prefetch = true;
+    const RunResult a = qcoll_demo::train_local(c, t);
+    t.prefetch = false;
+    const RunResult b = qcoll_demo::train_local(c, t);
+    REQUIRE(a.steps.size() == b.steps.size());
+    CHECK(a.final_eval == b.final_eval);
+    for (std::size_t s = 0; s < a.steps.size(); ++s) {
+      CHECK(a.steps[s].loss == b.steps[s].loss);
+      check_bytes(b, "forward", b.steps[s].forward, a.steps[s].forward.intra, a.steps[s].forward.inter);
+      check_bytes(b, "backward", b.steps[s].backward, a.steps[s].backward.intra, a.steps[s].backward.inter);
+      check_bytes(b, "gradient", b.steps[s].gradient, a.steps[s].gradient.intra, a.steps[s].gradient.inter);
+      check_bytes(b, "update", b.steps[s].update, a.steps[s].update.intra, a.steps[s].update.inter);
+      // Communication time is measured (positive) in both modes; its size is not asserted.
+      CHECK(a.steps[s].comm_seconds > 0.0);
+      CHECK(b.steps[s].comm_seconds > 0.0);
+    }
   }
 }
