@@ -165,16 +165,9 @@ class TensorGroup {
       }
       return;
     }
-    std::size_t a = 0, b = table_.slots;  // the first tensor whose data ends after lo
-    while (a < b) {
-      const std::size_t mid = a + (b - a) / 2;
-      if (table_.data_end[mid] <= lo) {
-        a = mid + 1;
-      } else {
-        b = mid;
-      }
-    }
-    for (std::size_t k = a; k < table_.slots && table_.slot_start[k] < hi; ++k) {
+    // The first tensor whose data ends after lo (data ends ascend with the slots).
+    for (std::size_t k = detail::count_at_most(table_.data_end, table_.slots, lo);
+         k < table_.slots && table_.slot_start[k] < hi; ++k) {
       const Piece p = piece(k, r);
       if (p.count > 0) fn(p);
     }

@@ -34,23 +34,32 @@ struct SlotTable {
   std::size_t slots = 0;                    //!< number of tensors (0: no table, the buffer is flat)
 };
 
+namespace detail {
+//! Number of the first n elements of the ascending array v that are <= x (the index where x would
+//! be inserted after its equals). O(log n).
+QCOLL_HOST_DEVICE std::size_t count_at_most(const std::size_t* v, std::size_t n, std::size_t x) {
+  std::size_t lo = 0, hi = n;
+  while (lo < hi) {
+    const std::size_t mid = lo + (hi - lo) / 2;
+    if (v[mid] <= x) {
+      lo = mid + 1;
+    } else {
+      hi = mid;
+    }
+  }
+  return lo;
+}
+}  // namespace detail
+
 //! Elements of data at the start of [offset, offset + count), a range that lies inside one
 //! tensor's slot (a block of a layout whose granule is a multiple of the block): its tensor's
 //! data elements from `offset` on, at most `count`. O(log slots) (binary search).
 QCOLL_HOST_DEVICE std::size_t data_in_slots(const SlotTable& t, std::size_t offset, std::size_t count) {
   // The last tensor whose slot starts at or before offset (empty tensors sharing that start come
   // before the one that holds data, so the last is the right one).
-  std::size_t lo = 0, hi = t.slots;
-  while (lo < hi) {
-    const std::size_t mid = lo + (hi - lo) / 2;
-    if (t.slot_start[mid] <= offset) {
-      lo = mid + 1;
-    } else {
-      hi = mid;
-    }
-  }
-  if (lo == 0) return 0;
-  const std::size_t end = t.data_end[lo - 1];
+  const std::size_t k = detail::count_at_most(t.slot_start, t.slots, offset);
+  if (k == 0) return 0;
+  const std::size_t end = t.data_end[k - 1];
   if (end <= offset) return 0;
   return end - offset < count ? end - offset : count;
 }
@@ -153,15 +162,7 @@ class ShardLayout {
     const std::vector<std::size_t>& start = group_->slot_start;
     const std::vector<std::size_t>& data_end = group_->data_end;
     // First tensor whose slot ends after offset: the last one starting at or before it.
-    std::size_t lo = 0, hi = start.size();
-    while (lo < hi) {
-      const std::size_t mid = lo + (hi - lo) / 2;
-      if (start[mid] <= offset) {
-        lo = mid + 1;
-      } else {
-        hi = mid;
-      }
-    }
+    const std::size_t lo = detail::count_at_most(start.data(), start.size(), offset);
     for (std::size_t k = lo == 0 ? 0 : lo - 1; k < start.size() && start[k] < end; ++k) {
       const std::size_t slot_end = k + 1 < start.size() ? start[k + 1] : padded_numel_;
       const std::size_t a = data_end[k] > offset ? data_end[k] : offset;
