@@ -299,23 +299,22 @@ PlanOutputs run_all_plans(const TensorGroup& grp, const std::vector<std::vector<
     ReduceScatterOptions ro;
     ro.hop1 = HopOptions{Rounding::stochastic, 5, Rotation{4, 9}};
     ro.hop2 = HopOptions{Rounding::nearest, 0, Rotation{3, 2}};
-    {
-      QuantizedReduceScatter<float, F, F, LocalTransport> rs(t, topo, grp, Reduce::mean, Hops::one, ro);
+    // Two steps of a reduce-scatter with feedback (the residual carried into the second step).
+    const auto reduce = [&](auto& rs, std::vector<float>& out) {
       Workspace ws(rs.workspace_bytes());
       Workspace res(rs.residual_bytes());
       rs.init_residual(res.ptr, res.bytes);
-      o.rs1[r].assign(l.shard_numel(), 2.0f);
+      out.assign(l.shard_numel(), 2.0f);
       for (int step = 0; step < 2; ++step)
-        REQUIRE(rs(mine, o.rs1[r].data(), ws.ptr, ws.bytes, ResidualState{res.ptr, res.bytes}) == 0u);
+        REQUIRE(rs(mine, out.data(), ws.ptr, ws.bytes, ResidualState{res.ptr, res.bytes}) == 0u);
+    };
+    {
+      QuantizedReduceScatter<float, F, F, LocalTransport> rs(t, topo, grp, Reduce::mean, Hops::one, ro);
+      reduce(rs, o.rs1[r]);
     }
     {
       QuantizedReduceScatter<float, F, G, LocalTransport> rs(t, topo, grp, Reduce::sum, Hops::two, ro);
-      Workspace ws(rs.workspace_bytes());
-      Workspace res(rs.residual_bytes());
-      rs.init_residual(res.ptr, res.bytes);
-      o.rs2[r].assign(l.shard_numel(), 2.0f);
-      for (int step = 0; step < 2; ++step)
-        REQUIRE(rs(mine, o.rs2[r].data(), ws.ptr, ws.bytes, ResidualState{res.ptr, res.bytes}) == 0u);
+      reduce(rs, o.rs2[r]);
     }
     {
       QuantizedAllReduce<float, F, G, F, LocalTransport> ar(t, topo, grp, Reduce::sum, Hops::two);

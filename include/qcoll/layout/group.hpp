@@ -101,7 +101,6 @@ class TensorGroup {
     // One tensor (or none) is a flat buffer: no table, so the plans run exactly as for a ShardLayout.
     layout_ = shapes_.size() <= 1 ? ShardLayout(data_end, parts, granule)
                                   : ShardLayout(data_end, parts, granule, std::move(slots));
-    if (shapes_.size() > 1) table_ = layout_.slots();
   }
 
  public:
@@ -118,7 +117,8 @@ class TensorGroup {
   //! qcoll::Error if k >= size().
   std::size_t offset(std::size_t k) const {
     check_tensor("TensorGroup::offset", k);
-    return table_.slots == 0 ? 0 : table_.slot_start[k];
+    const SlotTable t = layout_.slots();
+    return t.slots == 0 ? 0 : t.slot_start[k];
   }
   //! Elements of tensor k's slot: numel(k) rounded up to whole granules. Throws if k >= size().
   std::size_t slot_numel(std::size_t k) const {
@@ -159,7 +159,8 @@ class TensorGroup {
   template <class Fn>
   void for_each_piece(int r, Fn&& fn) const {
     const std::size_t lo = layout_.shard_offset(r), hi = lo + layout_.shard_numel();
-    if (table_.slots == 0) {
+    const SlotTable t = layout_.slots();
+    if (t.slots == 0) {
       if (!shapes_.empty()) {
         const Piece p = piece(0, r);
         if (p.count > 0) fn(p);
@@ -167,8 +168,8 @@ class TensorGroup {
       return;
     }
     // The first tensor whose data ends after lo (data ends ascend with the slots).
-    for (std::size_t k = detail::count_at_most(table_.data_end, table_.slots, lo);
-         k < table_.slots && table_.slot_start[k] < hi; ++k) {
+    for (std::size_t k = detail::count_at_most(t.data_end, t.slots, lo); k < t.slots && t.slot_start[k] < hi;
+         ++k) {
       const Piece p = piece(k, r);
       if (p.count > 0) fn(p);
     }
@@ -196,7 +197,6 @@ class TensorGroup {
 
   std::vector<TensorShape> shapes_;
   ShardLayout layout_;
-  SlotTable table_{};
   std::size_t data_numel_ = 0;
 };
 
