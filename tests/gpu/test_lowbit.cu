@@ -51,6 +51,8 @@
 #include "common/watchdog.hpp"
 
 #include <qcoll/qcoll.cuh>
+
+#include "../common/device_bytes.hpp"
 #include "common/nccl_one_rank.hpp"
 
 #if defined(QCOLL_HAVE_NCCL) && QCOLL_HAVE_NCCL && QCOLL_HAS_NCCL
@@ -66,25 +68,7 @@ using Bytes = std::vector<unsigned char>;
 
 constexpr int kWatchdogSeconds = 300;
 
-//! Owning device allocation of at least 64 bytes.
-class DeviceBytes {
- public:
-  explicit DeviceBytes(std::size_t bytes) : size_(bytes) {
-    QCOLL_CUDA_CHECK(cudaMalloc(&p_, bytes < 64 ? 64 : bytes));
-  }
-  ~DeviceBytes() { (void)cudaFree(p_); }
-  DeviceBytes(const DeviceBytes&) = delete;
-  DeviceBytes& operator=(const DeviceBytes&) = delete;
-  template <class T = unsigned char>
-  T* as() const {
-    return static_cast<T*>(p_);
-  }
-  std::size_t size() const { return size_; }
-
- private:
-  void* p_ = nullptr;
-  std::size_t size_ = 0;
-};
+using testing_support::DeviceBytes;
 
 Bytes download(const void* src, std::size_t n, cudaStream_t s) {
   Bytes h(n);

@@ -53,6 +53,8 @@
 #include "common/watchdog.hpp"
 
 #include <qcoll/qcoll.cuh>
+
+#include "../common/device_bytes.hpp"
 #include "common/nccl_one_rank.hpp"
 
 #if defined(QCOLL_HAVE_NCCL) && QCOLL_HAVE_NCCL && QCOLL_HAS_NCCL
@@ -76,26 +78,7 @@ constexpr int kWatchdogSeconds = 300;
 // Device buffers and transfers
 // ---------------------------------------------------------------------------------------------
 
-//! Owning device allocation of at least 64 bytes (so an empty buffer is still a valid pointer).
-class DeviceBytes {
- public:
-  explicit DeviceBytes(std::size_t bytes) : size_(bytes) {
-    TEST_CUDA(cudaMalloc(&p_, bytes < 64 ? 64 : bytes));
-  }
-  ~DeviceBytes() { (void)cudaFree(p_); }
-  DeviceBytes(const DeviceBytes&) = delete;
-  DeviceBytes& operator=(const DeviceBytes&) = delete;
-  unsigned char* get() const { return static_cast<unsigned char*>(p_); }
-  template <class T>
-  T* as() const {
-    return static_cast<T*>(p_);
-  }
-  std::size_t size() const { return size_; }
-
- private:
-  void* p_ = nullptr;
-  std::size_t size_ = 0;
-};
+using testing_support::DeviceBytes;
 
 template <class T>
 void upload(T* dst, const std::vector<T>& src, cudaStream_t s) {

@@ -24,28 +24,15 @@
 
 #include <qcoll/transport/cuda_local.cuh>
 #include <qcoll/transport/nccl.cuh>
+
+#include "../common/device_bytes.hpp"
 #include "../common/nccl_one_rank.hpp"
 
 namespace {
 
 #define TEST_CUDA(expr) QCOLL_CUDA_CHECK(expr)
 
-//! Owning device allocation.
-class DeviceBytes {
- public:
-  explicit DeviceBytes(std::size_t bytes) : size_(bytes) {
-    TEST_CUDA(cudaMalloc(&p_, bytes < 1 ? 1 : bytes));
-  }
-  ~DeviceBytes() { (void)cudaFree(p_); }
-  DeviceBytes(const DeviceBytes&) = delete;
-  DeviceBytes& operator=(const DeviceBytes&) = delete;
-  unsigned char* get() const { return static_cast<unsigned char*>(p_); }
-  std::size_t size() const { return size_; }
-
- private:
-  void* p_ = nullptr;
-  std::size_t size_ = 0;
-};
+using testing_support::DeviceBytes;
 
 //! Byte i of the block that rank r sends as block b. c = 8r + b + 1 is distinct for r, b < 8 and
 //! 37 is odd, so c * 37 mod 256 differs between any two (r, b): a block from the wrong rank or at
