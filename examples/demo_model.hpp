@@ -425,6 +425,7 @@ RunResult train_rank(Transport& world, const qcoll::Topology& topo, const DemoCo
     std::vector<float> master, m, v, weights, grad;
     std::vector<bfloat16> shard, full, grad16, grad_shard, replica;
     typename Gather::Pending pending_gather;
+    typename Hpz::Pending pending_hpz;
     typename Reduce::Pending pending_reduce;
     explicit Layer(qcoll::TensorGroup g) : group(std::move(g)) {}
   };
@@ -552,28 +553,45 @@ RunResult train_rank(Transport& world, const qcoll::Topology& topo, const DemoCo
       phase = phase + (all_bytes() - before);
     };
     auto layer = [&](int l) -> Layer& { return *layers[static_cast<std::size_t>(l)]; };
+    // Backward weight gathers of ZeRO++ come from the node-local hpZ copy, the others from the
+    // all-gather.
+    bool in_backward = false;
+    const auto generation = static_cast<std::uint64_t>(step);
     auto start_gather = [&](Bytes& phase, int l) {
       Layer& y = layer(l);
       comm(phase, [&] {
-        y.pending_gather =
-            y.gather->start(y.shard.data(), y.full.data(), y.ws_gather->data(), y.ws_gather->size());
+        if (in_backward && y.hpz)
+          y.pending_hpz = y.hpz->start(y.full.data(), generation, y.ws_gather->data(), y.ws_gather->size());
+        else
+          y.pending_gather =
+              y.gather->start(y.shard.data(), y.full.data(), y.ws_gather->data(), y.ws_gather->size());
       });
     };
     // Weights of layer l, gathered: finishes the prefetched call, or makes a blocking one.
     auto gather_weights = [&](Bytes& phase, int l) {
       Layer& y = layer(l);
+      const bool from_hpz = in_backward && y.hpz;
       if (prefetch)
-        comm(phase, [&] { y.gather->finish(y.pending_gather); });
+        comm(phase, [&] {
+          if (from_hpz)
+            y.hpz->finish(y.pending_hpz);
+          else
+            y.gather->finish(y.pending_gather);
+        });
       else
-        comm(phase,
-             [&] { (*y.gather)(y.shard.data(), y.full.data(), y.ws_gather->data(), y.ws_gather->size()); });
+        comm(phase, [&] {
+          if (from_hpz)
+            y.hpz->gather(y.full.data(), generation, y.ws_gather->data(), y.ws_gather->size());
+          else
+            (*y.gather)(y.shard.data(), y.full.data(), y.ws_gather->data(), y.ws_gather->size());
+        });
     };
     // Lets the calls in flight move (LocalTransport: makes copies for peers; MPI: tests requests).
-    bool in_backward = false;  // which phase the weight gathers in flight belong to
     auto progress = [&]() {
       for (auto& y : layers) {
         if (y->pending_gather.active())
           comm(in_backward ? st.backward : st.forward, [&] { y->pending_gather.progress(); });
+        if (y->pending_hpz.active()) comm(st.backward, [&] { y->pending_hpz.progress(); });
         if (y->pending_reduce.active()) comm(st.gradient, [&] { y->pending_reduce.progress(); });
       }
     };
@@ -591,7 +609,7 @@ RunResult train_rank(Transport& world, const qcoll::Topology& topo, const DemoCo
       Layer& y = layer(l);
       if (zero3) {
         gather_weights(st.forward, l);
-        if (y.hpz) y.hpz->capture(y.full.data(), static_cast<std::uint64_t>(step));
+        if (y.hpz) y.hpz->capture(y.full.data(), generation);
       }
       to_float(zero3 ? y.full : y.replica, y.weights);
       if (zero3 && prefetch && l + 1 < L) start_gather(st.forward, l + 1);
@@ -609,25 +627,20 @@ RunResult train_rank(Transport& world, const qcoll::Topology& topo, const DemoCo
       if (zero3) std::fill(y.full.begin(), y.full.end(), bfloat16{});  // ZeRO-3 frees the gathered weights
     }
 
-    // Backward, layer by layer in reverse: the layer's weights again (hpZ: from the node-local
-    // secondary shard, blocking; plain: the all-gather, with prefetch started one layer ahead),
+    // Backward, layer by layer in reverse: the layer's weights again (ZeRO++: from the node-local
+    // hpZ secondary shard; plain: the all-gather; with prefetch started one layer ahead),
     // backpropagate, then start the reduce-scatter (mean over ranks) of the layer's gradient;
     // it completes while the layers below compute, and is finished before the optimizer step.
     in_backward = true;
     const double loss = model.output_loss(acts.back().data(), t.data(), B, &dy);
-    const bool gather_back = zero3 && !tech.hpz;
-    if (gather_back && prefetch) start_gather(st.backward, L - 1);
+    if (zero3 && prefetch) start_gather(st.backward, L - 1);
     for (int l = L - 1; l >= 0; --l) {
       Layer& y = layer(l);
-      if (y.hpz)
-        comm(st.backward, [&] {
-          y.hpz->gather(y.full.data(), static_cast<std::uint64_t>(step), y.ws_gather->data(),
-                        y.ws_gather->size());
-        });
-      else if (gather_back)
+      if (zero3) {
         gather_weights(st.backward, l);
-      if (zero3) to_float(y.full, y.weights);
-      if (gather_back && prefetch && l > 0) start_gather(st.backward, l - 1);
+        to_float(y.full, y.weights);
+      }
+      if (zero3 && prefetch && l > 0) start_gather(st.backward, l - 1);
       const float* Wl = y.weights.data() + y.group.offset(0);
       float* gW = y.grad.data() + y.group.offset(0);
       float* gb = y.grad.data() + y.group.offset(1);

@@ -5,6 +5,7 @@
 // orders on different ranks; misuse raises qcoll::Error on the ranks concerned.
 #include "../common/mpi_main.hpp"
 
+#include <qcoll/collective/delta_all_gather.hpp>
 #include <qcoll/transport/mpi.hpp>
 
 #include "../common/collective_harness.hpp"
@@ -106,6 +107,35 @@ TEST_CASE("MPI plans: start, compute with progress(), finish equals the blocking
   compute(pr, 3);
   ar.finish(pr);
   CHECK(same_bits(u, v));
+
+  // hpZ: the node-local gather of the captured copy
+  SecondaryShard<float, Int8<256>, MpiTransport> hpz(t, topo, layout);
+  Workspace wh(hpz.workspace_bytes());
+  hpz.capture(a.data(), 3);
+  std::vector<float> h1(layout.padded_numel()), h2(layout.padded_numel());
+  hpz.gather(h1.data(), 3, wh.ptr, wh.bytes);
+  auto ph = hpz.start(h2.data(), 3, wh.ptr, wh.bytes);
+  compute(ph, 3);
+  hpz.finish(ph);
+  CHECK(same_bits(h1, h2));
+  CHECK(same_bits(h1, a));
+
+  // qWD: a resync and a difference, blocking on one plan and split on another
+  using D = DeltaAllGather<float, Int4<256>, MpiTransport>;
+  D d1(t, layout), d2(t, layout);
+  Workspace w1(d1.resync_workspace_bytes<Int8<256>>()), w2(w1.bytes);
+  std::vector<float> r1(layout.padded_numel()), r2(layout.padded_numel());
+  std::vector<float> moved(shard_in, shard_in + layout.shard_numel());
+  for (float& m : moved) m *= 1.01f;
+  d1.resync<Int8<256>>(shard_in, r1.data(), w1.ptr, w1.bytes);
+  auto q1 = d2.start_resync<Int8<256>>(shard_in, r2.data(), w2.ptr, w2.bytes);
+  compute(q1, 2);
+  d2.finish(q1);
+  d1(moved.data(), r1.data(), w1.ptr, w1.bytes);
+  auto q2 = d2.start(moved.data(), r2.data(), w2.ptr, w2.bytes);
+  compute(q2, 2);
+  d2.finish(q2);
+  CHECK(same_bits(r1, r2));
 }
 
 TEST_CASE("MPI plans: several in flight, finished in different orders on different ranks") {

@@ -6,6 +6,8 @@
 
 #include <doctest/doctest.h>
 
+#include <qcoll/collective/delta_all_gather.hpp>
+
 #include "../common/collective_harness.hpp"
 #include "../common/error_of.hpp"
 #include "../common/watchdog.hpp"
@@ -220,6 +222,8 @@ TEST_CASE("local nonblocking exchanges: misuse and disagreement raise qcoll::Err
 using AG = QuantizedAllGather<float, Int8<256>, LocalTransport>;
 using RS = QuantizedReduceScatter<float, Int8<256>, Int4<256>, LocalTransport>;
 using AR = QuantizedAllReduce<float, Int8<256>, Int4<256>, Int8<256>, LocalTransport>;
+using HPZ = SecondaryShard<float, Int8<256>, LocalTransport>;
+using QWD = DeltaAllGather<float, Int4<256>, LocalTransport>;
 
 constexpr std::size_t kNumel = 3000;  // not a multiple of the shards: padding on the last rank
 
@@ -279,6 +283,76 @@ TEST_CASE("plan start/finish returns the blocking call's bits (all-gather, reduc
     }
   });
   for (int r = 0; r < 4; ++r) CHECK_MESSAGE(bad[r].empty(), "rank ", r, ": ", bad[r]);
+}
+
+TEST_CASE("hpZ gather and qWD start/finish return the blocking calls' bits, interleaved with others") {
+  Watchdog dog;
+  const ShardLayout layout = layout4();
+  const auto weights = make_inputs<float>(7, 4, layout.padded_numel(), kNumel);
+  std::vector<std::string> bad(4), second(4), dropped(4);
+  LocalGroup g(4, kTwoNodes);
+  g.run([&](LocalTransport& t) {
+    const int r = t.rank();
+    const Topology topo = Topology::from_node_ids(kTwoNodes, r);
+    const std::vector<float>& w = weights[static_cast<std::size_t>(r)];
+    const float* shard_in = w.data() + layout.shard_offset(r);
+    // hpZ: capture a gathered buffer, then the blocking gather and the split one (with progress)
+    AG ag(t, layout);
+    HPZ hpz(t, topo, layout);
+    Workspace wa(ag.workspace_bytes()), wh(hpz.workspace_bytes());
+    std::vector<float> full(layout.padded_numel()), a(full.size(), -1.0f), b(full.size(), -2.0f);
+    ag(shard_in, full.data(), wa.ptr, wa.bytes);
+    hpz.capture(full.data(), 5);
+    const std::uint32_t fa = hpz.gather(a.data(), 5, wh.ptr, wh.bytes);
+    HPZ::Pending ph = hpz.start(b.data(), 5, wh.ptr, wh.bytes);
+    if (!ph.active() || ph.call() != 2) bad[r] += "hpz handle; ";
+    // an all-gather started and finished while the hpZ gather is in flight
+    std::vector<float> c(full.size());
+    AG::Pending pa = ag.start(shard_in, c.data(), wa.ptr, wa.bytes);
+    while (!ph.progress()) {
+    }
+    const std::uint32_t fb = hpz.finish(ph);
+    pa.finish();
+    if (!same_bits(a, b) || fa != fb) bad[r] += "hpz differs; ";
+    if (!same_bits(a, full) || !same_bits(c, full)) bad[r] += "hpz is not the gathered buffer; ";
+    second[r] = error_of([&] {
+      HPZ::Pending x = hpz.start(b.data(), 5, wh.ptr, wh.bytes);  // call 3
+      hpz.gather(a.data(), 5, wh.ptr, wh.bytes);                  // call 4: rejected
+    });
+    // qWD: two plans, two replicas; resync then a difference, one blocking, one split
+    QWD d1(t, layout), d2(t, layout);
+    using G = Int8<256>;
+    Workspace w1(d1.resync_workspace_bytes<G>() > d1.workspace_bytes() ? d1.resync_workspace_bytes<G>()
+                                                                       : d1.workspace_bytes());
+    Workspace w2(w1.bytes);
+    std::vector<float> r1(layout.padded_numel()), r2(layout.padded_numel());
+    std::vector<float> moved(shard_in, shard_in + layout.shard_numel());
+    for (float& v : moved) v += 0.01f;
+    d1.resync<G>(shard_in, r1.data(), w1.ptr, w1.bytes);
+    QWD::ResyncPending<G> p1 = d2.start_resync<G>(shard_in, r2.data(), w2.ptr, w2.bytes);
+    d2.finish(p1);
+    if (!same_bits(r1, r2)) bad[r] += "qwd resync differs; ";
+    const std::uint32_t f1 = d1(moved.data(), r1.data(), w1.ptr, w1.bytes);
+    QWD::Pending p2 = d2.start(moved.data(), r2.data(), w2.ptr, w2.bytes);
+    while (!p2.progress()) {
+    }
+    const std::uint32_t f2 = d2.finish(p2);
+    if (!same_bits(r1, r2) || f1 != f2) bad[r] += "qwd difference differs; ";
+    // a qWD handle destroyed unfinished: the plan's next call is rejected on every rank
+    {
+      QWD::Pending x = d2.start(moved.data(), r2.data(), w2.ptr, w2.bytes);
+      t.barrier();  // every rank has started the exchange before any handle goes
+    }
+    dropped[r] = error_of([&] { d2(moved.data(), r2.data(), w2.ptr, w2.bytes); });
+  });
+  for (int r = 0; r < 4; ++r) {
+    CAPTURE(r);
+    CHECK_MESSAGE(bad[r].empty(), bad[r]);
+    CHECK(second[r].find("SecondaryShard::gather: argument 'plan' = call 3 started and not finished") !=
+          std::string::npos);
+    CHECK(dropped[r].find("DeltaAllGather: argument 'plan' = call 3 destroyed unfinished") !=
+          std::string::npos);
+  }
 }
 
 TEST_CASE("several plans in flight, finished in different orders on different ranks") {

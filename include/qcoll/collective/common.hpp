@@ -441,16 +441,6 @@ std::uint32_t decode_gathered(int ranks, const GatherPieces& p, std::size_t mess
   return flags;
 }
 
-//! Gathers the messages in p.send over `t`, then decode_gathered.
-template <class F, class T, class Transport, class Offset, class Valid>
-std::uint32_t gather_and_decode(Transport& t, const GatherPieces& p, std::size_t message_bytes, std::size_t n,
-                                T* out, Offset&& offset, Valid&& valid, const ShardLayout& layout,
-                                std::uint64_t tag, const char* function, const char* what) {
-  t.all_gather(p.send, p.recv, message_bytes);
-  return decode_gathered<F>(t.size(), p, message_bytes, n, out, std::forward<Offset>(offset),
-                            std::forward<Valid>(valid), layout, tag, function, what);
-}
-
 //! The nonblocking request type of a host transport (Transport::Request); an empty stand-in for
 //! transports without one (the device transports, whose calls are stream-ordered instead).
 template <class Transport, class = void>

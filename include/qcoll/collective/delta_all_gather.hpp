@@ -27,9 +27,10 @@ QCOLL_NAMESPACE_BEGIN
 //!
 //! Construction is collective over `world`; calls on host transports block, allocate nothing,
 //! and agree on the call (its CallIdentity, kind "delta all-gather" or "resync", and the call
-//! number) and on every rank's arguments before anything is sent. Padding (elements >= numel) is
-//! neither sent as data nor changed in the replica. Wire bytes per rank: packed_bytes<F>(shard_numel)
-//! to each of the W - 1 peers.
+//! number) and on every rank's arguments before anything is sent; start() / start_resync() and
+//! finish() split a host call so the exchange overlaps computation (docs/overlap.md). Padding (elements >=
+//! numel) is neither sent as data nor changed in the replica. Wire bytes per rank:
+//! packed_bytes<F>(shard_numel) to each of the W - 1 peers.
 //!
 //! On device transports (include <qcoll/qcoll.cuh>) the calls take device buffers and a stream,
 //! and are stream-ordered with no allocation and no host synchronisation, as the other device
@@ -86,6 +87,54 @@ class DeltaAllGather {
   }
 
  private:
+  template <class G>
+  struct State;
+
+ public:
+  //! A started difference call (host transports): see PendingCall.
+  using Pending = PendingCall<DeltaAllGather, State<F>>;
+  //! A started resync<G>() (host transports).
+  template <class G>
+  using ResyncPending = PendingCall<DeltaAllGather, State<G>>;
+
+  //! The first half of operator() (host transports): agrees on the call and the arguments over the
+  //! world, quantizes this rank's difference and starts the exchange, then returns without waiting
+  //! for it. Throws on every rank, before anything is sent, where operator() would, and also if
+  //! this plan has a call in flight (one at a time per plan) or one whose handle was destroyed
+  //! unfinished. `replica` and the workspace must stay valid and untouched until finish() (shard
+  //! may be changed once start returns). O(shard_numel) work.
+  Pending start(const T* shard, T* replica, void* workspace, std::size_t workspace_bytes) {
+    return start_call<F>(6, shard, replica, workspace, workspace_bytes);
+  }
+  //! The first half of resync<G>() (host transports); as start().
+  template <class G>
+  ResyncPending<G> start_resync(const T* shard, T* replica, void* workspace, std::size_t workspace_bytes) {
+    return start_call<G>(7, shard, replica, workspace, workspace_bytes);
+  }
+  //! The second half: pending.finish() for a handle of this plan (throws qcoll::Error if it belongs
+  //! to another plan or is not active). Waits for the messages, applies them to the replica and
+  //! returns what the blocking call returns. O(padded_numel) work.
+  template <class G>
+  std::uint32_t finish(PendingCall<DeltaAllGather, State<G>>& pending) {
+    QCOLL_REQUIRE(pending.plan_ == this || pending.plan_ == nullptr, "DeltaAllGather::finish", "pending",
+                  "a handle of another plan", "must come from", "this plan's start()");
+    return pending.finish();
+  }
+
+ private:
+  template <class, class>
+  friend class PendingCall;
+
+  template <class G>
+  struct State : detail::PendingState {
+    typename detail::request_of<Transport>::type req;  // the exchange of the messages
+    std::uint32_t result = 0;                          // the agreed non-finite flag
+    std::uint64_t tag = 0;
+    int kind = 6;
+    T* replica = nullptr;
+    void* workspace = nullptr;
+  };
+
   struct Pieces {
     detail::DeviceControl control;  // device: the result word and the quantizers' scratch
     float* diff;
@@ -114,7 +163,7 @@ class DeltaAllGather {
       if (!err.empty()) throw Error(err);
     } else {
       (void)stream;
-      return call<G>(kind, shard, replica, workspace, workspace_bytes);
+      return start_call<G>(kind, shard, replica, workspace, workspace_bytes).finish();
     }
   }
 
@@ -133,9 +182,11 @@ class DeltaAllGather {
   std::string device_call(int kind, const T* shard, T* replica, void* workspace, std::size_t workspace_bytes,
                           typename Transport::stream_type stream);
 
-  // kind 6: a difference in format G (= F); kind 7: a resync in format G.
+  // Host call, first half. kind 6: a difference in format G (= F); kind 7: a resync in format G.
   template <class G>
-  std::uint32_t call(int kind, const T* shard, T* replica, void* workspace, std::size_t workspace_bytes) {
+  PendingCall<DeltaAllGather, State<G>> start_call(int kind, const T* shard, T* replica, void* workspace,
+                                                   std::size_t workspace_bytes) {
+    static_assert(!detail::on_device<Transport>, "start/finish run on host transports");
     const char* fn = kind == 6 ? "DeltaAllGather" : "DeltaAllGather::resync";
     const std::size_t S = layout_.shard_numel(), P = packed_bytes<G>(S);
     const int r = world_.rank();
@@ -143,6 +194,7 @@ class DeltaAllGather {
     const Pieces p = carve<G>(workspace);
     bool nonfinite = false;
     const std::string err = detail::local_check([&] {
+      inflight_.check_start(fn, call.word[CallIdentity::call]);
       detail::check_workspace(fn, workspace, workspace_bytes, p.bytes);
       detail::check_buffer(fn, "shard", shard, S, workspace, workspace_bytes);
       detail::check_buffer(fn, "replica", replica, layout_.padded_numel(), workspace, workspace_bytes);
@@ -161,13 +213,35 @@ class DeltaAllGather {
           S, detail::LayoutSource<float, G::block>{p.diff, offset, layout_}, p.send, o);
       nonfinite = (flags & kFlagNonFinite) != 0;
     });
-    const std::uint32_t result = detail::agree_on_call(world_, call, err, nonfinite, fn);
-    world_.all_gather(p.send, p.recv, P);
+    State<G> st;
+    st.result = detail::agree_on_call(world_, call, err, nonfinite, fn);
+    st.call = call.word[CallIdentity::call];
+    st.tag = call.hash();
+    st.kind = kind;
+    st.replica = replica;
+    st.workspace = workspace;
+    st.req = world_.start_all_gather(p.send, p.recv, P);
+    inflight_.started = st.call;
+    return PendingCall<DeltaAllGather, State<G>>(this, std::move(st));
+  }
+
+  template <class G>
+  bool progress_call(State<G>& st) {
+    return !st.req.active() || world_.test(st.req);
+  }
+
+  // Host call, second half: waits for the messages and applies them to the replica.
+  template <class G>
+  std::uint32_t finish_call(State<G>& st) {
+    const char* fn = st.kind == 6 ? "DeltaAllGather" : "DeltaAllGather::resync";
+    if (st.req.active()) world_.wait(st.req);
+    const std::size_t S = layout_.shard_numel(), P = packed_bytes<G>(S);
+    const Pieces p = carve<G>(st.workspace);
     for (int q = 0; q < world_.size(); ++q) {
       const unsigned char* msg = p.recv + static_cast<std::size_t>(q) * P;
-      detail::read_call_header<G>(msg, S, call.hash(), fn, "message from a peer");
-      T* out = replica + layout_.shard_offset(q);
-      if (kind == 6) {
+      detail::read_call_header<G>(msg, S, st.tag, fn, "message from a peer");
+      T* out = st.replica + layout_.shard_offset(q);
+      if (st.kind == 6) {
         host::detail::decode_message<G>(
             msg, S, [out](std::size_t i, float d) { out[i] = from_float<T>(fp::add(to_float(out[i]), d)); },
             layout_.valid_in_shard(q));
@@ -177,7 +251,7 @@ class DeltaAllGather {
       }
       layout_.zero_inner_padding(out, layout_.shard_offset(q), layout_.valid_in_shard(q));
     }
-    return result;
+    return st.result;
   }
 
   static CallIdentity identity(const ShardLayout& layout, const host::QuantizeOptions& opt) {
@@ -190,6 +264,7 @@ class DeltaAllGather {
   ShardLayout layout_;
   host::QuantizeOptions opt_;
   detail::PlanCalls calls_;
+  detail::InFlight inflight_;
 };
 
 QCOLL_NAMESPACE_END

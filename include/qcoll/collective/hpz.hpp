@@ -32,9 +32,10 @@ class DeviceStorage;
 //! before sending; device transports: on that rank, its node peers get kResultRejected). On host
 //! transports each gather() first agrees with the whole world (one small all-reduce: the call's
 //! identity and every rank's verdict on its arguments), so a bad argument or a disagreement on
-//! any node raises qcoll::Error on every rank; only the data stays inside the node. The copy is
-//! held in plan-owned storage allocated once at construction (device memory for a device
-//! transport); calls allocate nothing. On device transports capture() and gather() take device
+//! any node raises qcoll::Error on every rank; only the data stays inside the node. start() /
+//! finish() split a host gather so the intra-node exchange overlaps computation (docs/overlap.md).
+//! The copy is held in plan-owned storage allocated once at construction (device memory for a
+//! device transport); calls allocate nothing. On device transports capture() and gather() take device
 //! buffers and are stream-ordered (collective/device.cuh).
 template <class T, class F, class Transport>
 class SecondaryShard {
@@ -101,27 +102,31 @@ class SecondaryShard {
       const std::string err = device_gather(full, generation, workspace, workspace_bytes, stream);
       if (!err.empty()) throw Error(err);
     } else {
-      return host_gather(full, generation, workspace, workspace_bytes);
+      return start(full, generation, workspace, workspace_bytes).finish();
     }
   }
 
-  //! The intra-node group this plan gathers over (its byte counters show the hpZ traffic).
-  const SubTransport& intra_node() const { return intra_; }
-  //! The secondary layout (L shards of the padded buffer).
-  const SecondaryLayout& secondary_layout() const { return secondary_; }
-
  private:
-  using Storage = std::conditional_t<detail::on_device<Transport>, detail::DeviceStorage<T>, std::vector<T>>;
+  struct State;
 
-  std::string device_gather(T* full, std::uint64_t generation, void* workspace, std::size_t workspace_bytes,
-                            typename Transport::stream_type stream);
+ public:
+  //! A started gather (host transports): see PendingCall.
+  using Pending = PendingCall<SecondaryShard, State>;
 
-  std::uint32_t host_gather(T* full, std::uint64_t generation, void* workspace, std::size_t workspace_bytes) {
+  //! The first half of gather() (host transports): agrees on the call and the arguments over the
+  //! world, quantizes this rank's secondary shard and starts the intra-node exchange, then returns
+  //! without waiting for it. Throws on every rank, before anything is sent, where gather() would,
+  //! and also if this plan has a gather in flight (one at a time per plan) or one whose handle was
+  //! destroyed unfinished. `full` and the workspace must stay valid and untouched until finish().
+  //! O(padded_numel / L) work.
+  Pending start(T* full, std::uint64_t generation, void* workspace, std::size_t workspace_bytes) {
+    static_assert(!detail::on_device<Transport>, "start/finish run on host transports");
     const char* fn = "SecondaryShard::gather";
     const std::size_t S = secondary_.shard_numel();
     const detail::GatherPieces p = carve(workspace);
     const CallIdentity call = calls_.next();
     const std::string err = detail::local_check([&] {
+      inflight_.check_start(fn, call.word[CallIdentity::call]);
       QCOLL_REQUIRE(captured_, fn, "capture()", "never called", "before", "gather()");
       QCOLL_REQUIRE(generation == generation_, fn, "generation", generation,
                     "does not match the captured (stale secondary) generation", generation_);
@@ -137,11 +142,57 @@ class SecondaryShard {
     // Agreed over the world, so that every node hears of a rank's bad argument or disagreement;
     // the non-finite flag is the node's (what this rank receives), from the message headers.
     detail::agree_on_call(world_, call, err, false, fn);
-    const std::size_t numel = layout_.numel();
-    return detail::gather_and_decode<F>(
-        intra_, p, message_bytes(), S, full, [this](int j) { return secondary_.shard_offset(j); },
-        [&](int j) { return valid_elements_in(numel, secondary_.shard_offset(j), S); }, layout_, call.hash(),
-        fn, "message from a node peer");
+    State st;
+    st.call = call.word[CallIdentity::call];
+    st.tag = call.hash();
+    st.full = full;
+    st.workspace = workspace;
+    st.req = intra_.start_all_gather(p.send, p.recv, message_bytes());
+    inflight_.started = st.call;
+    return Pending(this, std::move(st));
+  }
+
+  //! The second half of gather(): pending.finish() for a handle of this plan (throws qcoll::Error
+  //! if it belongs to another plan or is not active). Waits for the node's secondary shards,
+  //! decodes them into `full`, returns kResultNonFinite as gather() does. O(padded_numel) work.
+  std::uint32_t finish(Pending& pending) {
+    QCOLL_REQUIRE(pending.plan_ == this || pending.plan_ == nullptr, "SecondaryShard::finish", "pending",
+                  "a handle of another plan", "must come from", "this plan's start()");
+    return pending.finish();
+  }
+
+  //! The intra-node group this plan gathers over (its byte counters show the hpZ traffic).
+  const SubTransport& intra_node() const { return intra_; }
+  //! The secondary layout (L shards of the padded buffer).
+  const SecondaryLayout& secondary_layout() const { return secondary_; }
+
+ private:
+  using Storage = std::conditional_t<detail::on_device<Transport>, detail::DeviceStorage<T>, std::vector<T>>;
+
+  std::string device_gather(T* full, std::uint64_t generation, void* workspace, std::size_t workspace_bytes,
+                            typename Transport::stream_type stream);
+
+  template <class, class>
+  friend class PendingCall;
+
+  struct State : detail::PendingState {
+    typename detail::request_of<SubTransport>::type req;  // the intra-node exchange
+    std::uint64_t tag = 0;
+    T* full = nullptr;
+    void* workspace = nullptr;
+  };
+
+  bool progress_call(State& st) { return !st.req.active() || intra_.test(st.req); }
+
+  // Waits for the node's messages and decodes them.
+  std::uint32_t finish_call(State& st) {
+    if (st.req.active()) intra_.wait(st.req);
+    const std::size_t S = secondary_.shard_numel(), numel = layout_.numel();
+    return detail::decode_gathered<F>(
+        secondary_.parts(), carve(st.workspace), message_bytes(), S, st.full,
+        [this](int j) { return secondary_.shard_offset(j); },
+        [&](int j) { return valid_elements_in(numel, secondary_.shard_offset(j), S); }, layout_, st.tag,
+        "SecondaryShard::gather", "message from a node peer");
   }
 
   static CallIdentity identity(const ShardLayout& layout, const Topology& topo) {
@@ -179,6 +230,7 @@ class SecondaryShard {
   Storage storage_;
   std::uint64_t generation_ = 0;
   bool captured_ = false;
+  detail::InFlight inflight_;
 };
 
 QCOLL_NAMESPACE_END
