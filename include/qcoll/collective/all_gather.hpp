@@ -138,11 +138,7 @@ class QuantizedAllGather {
   //! qcoll::Error if it belongs to another plan or is not active). Waits for the exchange,
   //! decodes every rank's message into `full`, returns kResultNonFinite as operator() does.
   //! O(padded_numel) work.
-  std::uint32_t finish(Pending& pending) {
-    QCOLL_REQUIRE(pending.plan_ == this || pending.plan_ == nullptr, "QuantizedAllGather::finish", "pending",
-                  "a handle of another plan", "must come from", "this plan's start()");
-    return pending.finish();
-  }
+  std::uint32_t finish(Pending& pending) { return pending.finish_by(this, "QuantizedAllGather::finish"); }
 
   //! The layout this plan gathers.
   const ShardLayout& layout() const { return layout_; }

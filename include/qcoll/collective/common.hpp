@@ -546,6 +546,12 @@ class PendingCall {
   friend Plan;
   PendingCall(Plan* plan, State state) noexcept : plan_(plan), state_(std::move(state)) {}
 
+  // The plans' finish(pending): rejects a handle of another plan, then finish().
+  auto finish_by(const Plan* owner, const char* function) {
+    QCOLL_REQUIRE(plan_ == owner || plan_ == nullptr, function, "pending", "a handle of another plan",
+                  "must come from", "this plan's start()");
+    return finish();
+  }
   void require_active(const char* what) const {
     QCOLL_REQUIRE(plan_ != nullptr, std::string("PendingCall::") + what, "pending", "an inactive handle",
                   "is not", "a started, unfinished call (finished already, or never started)");

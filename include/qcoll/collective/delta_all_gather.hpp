@@ -116,9 +116,7 @@ class DeltaAllGather {
   //! returns what the blocking call returns. O(padded_numel) work.
   template <class G>
   std::uint32_t finish(PendingCall<DeltaAllGather, State<G>>& pending) {
-    QCOLL_REQUIRE(pending.plan_ == this || pending.plan_ == nullptr, "DeltaAllGather::finish", "pending",
-                  "a handle of another plan", "must come from", "this plan's start()");
-    return pending.finish();
+    return pending.finish_by(this, "DeltaAllGather::finish");
   }
 
  private:

@@ -155,11 +155,7 @@ class SecondaryShard {
   //! The second half of gather(): pending.finish() for a handle of this plan (throws qcoll::Error
   //! if it belongs to another plan or is not active). Waits for the node's secondary shards,
   //! decodes them into `full`, returns kResultNonFinite as gather() does. O(padded_numel) work.
-  std::uint32_t finish(Pending& pending) {
-    QCOLL_REQUIRE(pending.plan_ == this || pending.plan_ == nullptr, "SecondaryShard::finish", "pending",
-                  "a handle of another plan", "must come from", "this plan's start()");
-    return pending.finish();
-  }
+  std::uint32_t finish(Pending& pending) { return pending.finish_by(this, "SecondaryShard::finish"); }
 
   //! The intra-node group this plan gathers over (its byte counters show the hpZ traffic).
   const SubTransport& intra_node() const { return intra_; }

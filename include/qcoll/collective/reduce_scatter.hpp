@@ -139,11 +139,7 @@ class QuantizedReduceScatter {
   //! The second half of operator(): pending.finish() for a handle of this plan (throws
   //! qcoll::Error if it belongs to another plan or is not active). Completes the exchanges, sums
   //! and writes `shard`; returns kResultNonFinite as operator() does. O(padded_numel) work.
-  std::uint32_t finish(Pending& pending) {
-    QCOLL_REQUIRE(pending.plan_ == this || pending.plan_ == nullptr, "QuantizedReduceScatter::finish",
-                  "pending", "a handle of another plan", "must come from", "this plan's start()");
-    return pending.finish();
-  }
+  std::uint32_t finish(Pending& pending) { return pending.finish_by(this, "QuantizedReduceScatter::finish"); }
 
   //! Bytes of an error-feedback state with options `fb` (collective/feedback.hpp): a 64-byte
   //! header, the hop-1 residual (padded_numel() elements, indexed like the gradient) when
@@ -696,11 +692,7 @@ class QuantizedAllReduce {
   //! The second half of operator(): finishes the reduce-scatter stage, then runs the all-gather
   //! stage (blocking: it needs the reduced shard) into `out`. Throws qcoll::Error if `pending`
   //! belongs to another plan or is not active.
-  std::uint32_t finish(Pending& pending) {
-    QCOLL_REQUIRE(pending.plan_ == this || pending.plan_ == nullptr, "QuantizedAllReduce::finish", "pending",
-                  "a handle of another plan", "must come from", "this plan's start()");
-    return pending.finish();
-  }
+  std::uint32_t finish(Pending& pending) { return pending.finish_by(this, "QuantizedAllReduce::finish"); }
 
   //! Bytes of an error-feedback state of the reduce-scatter stage (QuantizedReduceScatter::residual_bytes).
   std::size_t residual_bytes(const FeedbackOptions& fb = {}) const { return rs_.residual_bytes(fb); }
