@@ -17,14 +17,19 @@
 //     rotation's inverse within 2 k n 2^-24 max|x| of the input (format/hadamard.hpp).
 //   - qWD: DeltaAllGather's resync and difference calls keep the device replicas equal to the host
 //     path's, on every rank, bit for bit.
+//   - Tensor groups (random groups of 4..8 tensors, empty ones and one 1000x larger than its
+//     neighbours, NaN in every padding position of the inputs): all-gather (int8, int4 asym, e4m3,
+//     MXFP4, identity, rotated), hpZ, reduce-scatter (one and two hops; rotations, feedback,
+//     stochastic rounding), all-reduce with feedback, qWD: device == host byte for byte (outputs,
+//     flags, states), no non-finite flag, and +0 at every padding position of every output.
 //   - A pageable output on one rank of a rotated all-gather or a qWD call: that rank throws
 //     naming it, every rank gets kResultRejected, and no device output is written.
 //   - Bad states: a state never initialised, or one of another plan, on one rank: that rank gets
 //     kResultBadResidual, every rank kResultRejected, no output and no state is written; a null
 //     state on one rank: it throws naming `residual`, its peers get kResultRejected.
 //
-//   - NcclTransport on a one-rank communicator (GPU builds with NCCL): a rotated all-gather and a
-//     rotated reduce-scatter with feedback equal the host path.
+//   - NcclTransport on a one-rank communicator (GPU builds with NCCL): a rotated all-gather and
+//     rotated reduce-scatters with feedback, one over a tensor group, equal the host path.
 //
 // Exits with 77 (reported as skipped by CTest) when there is no CUDA device.
 
@@ -37,7 +42,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <mutex>
+#include <random>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -686,11 +693,12 @@ TEST_CASE("a null residual state on one rank: it throws naming it, its peers get
 
 //! Every rank's replica (bytes) after each call: a resync in Identity<T>, then `steps` difference
 //! calls with weights drifting by small updates; all ranks hold the same weights (their own shard
-//! is what they send).
+//! is what they send). With `nan_at` (a tensor group's padding), those weights are NaN.
 template <class T, class F, class Tr>
 std::vector<std::vector<Bytes>> delta_run(const std::vector<long long>& ids, const q::ShardLayout& layout,
                                           const q::host::QuantizeOptions& opt, int steps,
-                                          std::vector<std::vector<std::uint32_t>>& flags) {
+                                          std::vector<std::vector<std::uint32_t>>& flags,
+                                          const std::vector<char>* nan_at = nullptr) {
   using G = q::Identity<T, F::block>;
   const int W = static_cast<int>(ids.size());
   const std::size_t P = layout.padded_numel(), S = layout.shard_numel();
@@ -698,8 +706,10 @@ std::vector<std::vector<Bytes>> delta_run(const std::vector<long long>& ids, con
   for (int k = 0; k <= steps; ++k) {
     std::vector<T> w(P);
     for (std::size_t i = 0; i < P; ++i)
-      w[i] = q::from_float<T>(harness::input_value(3, 0, i) +
-                              0.01f * static_cast<float>(k) * harness::input_value(4 + k, 1, i));
+      w[i] = q::from_float<T>(nan_at != nullptr && (*nan_at)[i]
+                                  ? std::numeric_limits<float>::quiet_NaN()
+                                  : harness::input_value(3, 0, i) +
+                                        0.01f * static_cast<float>(k) * harness::input_value(4 + k, 1, i));
     weights.push_back(w);
   }
   std::vector<std::vector<Bytes>> replicas(static_cast<std::size_t>(W));
@@ -838,9 +848,268 @@ TEST_CASE(
   }
 }
 
+// ---------------------------------------------------------------------------------------------
+// Tensor groups
+// ---------------------------------------------------------------------------------------------
+
+//! A random group's tensor sizes: 4..8 tensors of 0..12 elements, at least one empty, and one
+//! neighbour 1000..12000 times larger.
+std::vector<std::size_t> group_sizes(std::uint64_t seed) {
+  std::mt19937_64 g(seed);
+  const std::size_t count = 4 + g() % 5;
+  std::vector<std::size_t> n(count);
+  for (auto& x : n) x = g() % 4 == 0 ? 0 : 1 + g() % 12;
+  const std::size_t big = g() % count;
+  n[big] = 1000 * (1 + g() % 12);
+  n[(big + 1 + g() % (count - 1)) % count] = 0;
+  return n;
+}
+
+//! 1 at the group's data positions, 0 at its padding (inside the group and past its end).
+std::vector<char> group_data(const q::TensorGroup& grp) {
+  std::vector<char> d(grp.padded_numel(), 0);
+  for (std::size_t k = 0; k < grp.size(); ++k)
+    for (std::size_t i = 0; i < grp.numel(k); ++i) d[grp.offset(k) + i] = 1;
+  return d;
+}
+
+//! A group's full buffer for rank r: input values at data positions, NaN in all padding.
+template <class T>
+std::vector<T> group_full(const q::TensorGroup& grp, std::uint64_t seed, int r) {
+  const std::vector<char> d = group_data(grp);
+  std::vector<T> v(grp.padded_numel());
+  for (std::size_t i = 0; i < v.size(); ++i)
+    v[i] =
+        q::from_float<T>(d[i] ? harness::input_value(seed, r, i) : std::numeric_limits<float>::quiet_NaN());
+  return v;
+}
+
+//! in[step][rank]: every rank's full buffer (reduce-scatter, all-reduce, hpZ).
+template <class T>
+std::vector<std::vector<std::vector<T>>> group_inputs(const q::TensorGroup& grp, std::uint64_t seed,
+                                                      int steps) {
+  std::vector<std::vector<std::vector<T>>> in(static_cast<std::size_t>(steps));
+  for (int k = 0; k < steps; ++k)
+    for (int r = 0; r < grp.parts(); ++r)
+      in[static_cast<std::size_t>(k)].push_back(group_full<T>(grp, seed + 17 * k, r));
+  return in;
+}
+
+//! in[step][rank]: rank r's shard of one full buffer (all-gather).
+template <class T>
+std::vector<std::vector<std::vector<T>>> group_shards(const q::TensorGroup& grp, std::uint64_t seed,
+                                                      int steps) {
+  std::vector<std::vector<std::vector<T>>> in(static_cast<std::size_t>(steps));
+  for (int k = 0; k < steps; ++k) {
+    const std::vector<T> x = group_full<T>(grp, seed + 17 * k, 0);
+    for (int r = 0; r < grp.parts(); ++r)
+      in[static_cast<std::size_t>(k)].emplace_back(
+          x.begin() + static_cast<std::ptrdiff_t>(grp.layout().shard_offset(r)),
+          x.begin() + static_cast<std::ptrdiff_t>(grp.layout().shard_offset(r) + grp.shard_numel()));
+  }
+  return in;
+}
+
+//! Device == host (compare), no non-finite flag (the NaN is all in the padding), and +0 at every
+//! padding position of every output; `shards`: outputs are rank r's shard, else the full buffer.
+template <class T>
+void compare_group(const Outcome& dev, const Outcome& host, const q::TensorGroup& grp, bool shards,
+                   const std::string& label) {
+  compare(dev, host, label);
+  const std::vector<char> d = group_data(grp);
+  for (std::size_t r = 0; r < dev.out.size(); ++r)
+    for (std::size_t k = 0; k < dev.out[r].size(); ++k) {
+      CHECK_MESSAGE(dev.flags[r][k] == 0, label << ", rank " << r << ": flags " << dev.flags[r][k]);
+      const std::vector<T> v = from_bytes<T>(dev.out[r][k]);
+      const std::size_t first = shards ? grp.layout().shard_offset(static_cast<int>(r)) : 0;
+      std::size_t bad = 0, data = 0;
+      for (std::size_t i = 0; i < v.size(); ++i) {
+        static const unsigned char zero[sizeof(T)] = {};
+        if (!d[first + i]) bad += std::memcmp(&v[i], zero, sizeof(T)) != 0;
+        data += d[first + i];
+      }
+      CHECK_MESSAGE(bad == 0, label << ", rank " << r << ": " << bad << " padding outputs are not +0");
+      if (!shards) CHECK(data > 0);
+    }
+}
+
+std::string group_text(const q::TensorGroup& grp) {
+  std::string s = "group {";
+  for (std::size_t k = 0; k < grp.size(); ++k) s += std::to_string(grp.numel(k)) + ",";
+  return s + "}";
+}
+
+template <class T, class F>
+void group_all_gather(const std::vector<long long>& ids, std::uint64_t seed, const q::HopOptions& hop) {
+  const int W = static_cast<int>(ids.size());
+  const q::TensorGroup grp(group_sizes(seed), W, q::granule_for(sizeof(T), {F::block}));
+  const q::ShardLayout& layout = grp;
+  REQUIRE(layout.grouped());
+  const auto in = group_shards<T>(grp, seed, 1);
+  const auto make = [&](auto& t, const q::Topology&) {
+    using Tr = std::decay_t<decltype(t)>;
+    return q::QuantizedAllGather<T, F, Tr>(t, layout, hop);
+  };
+  const q::FeedbackOptions none;
+  compare_group<T>(run_device<false, T>(ids, layout.padded_numel(), in, make, none, NoCorruption{}),
+                   run_host<false, T>(ids, layout.padded_numel(), in, make, none), grp, false,
+                   "grouped QuantizedAllGather<" + std::string(q::format_name(F::id)) + ">, " +
+                       group_text(grp) + ", span " + std::to_string(hop.rotation.span()));
+}
+
+TEST_CASE("grouped QuantizedAllGather over cuda_local equals the host path: int8, int4 asym, e4m3, MXFP4") {
+  testing_support::Watchdog dog(kWatchdogSeconds, "grouped all-gather");
+  const q::HopOptions plain;
+  group_all_gather<float, q::Int8<32>>(kTwoByTwo, 1, plain);
+  group_all_gather<q::bfloat16, q::Int4Asym<64>>(kOneNode3, 2, plain);
+  group_all_gather<q::half, q::Fp8E4M3<32>>(kTwoByTwo, 3, plain);
+  group_all_gather<float, q::MxFp4>(kOneNode3, 4, plain);
+  group_all_gather<q::bfloat16, q::Identity<q::bfloat16, 32>>(kTwoByTwo, 5, plain);
+  q::HopOptions rot;
+  rot.rotation = q::Rotation{4, 7};
+  rot.rounding = q::Rounding::stochastic;
+  rot.seed = 9;
+  group_all_gather<float, q::Int4Asym<32>>(kTwoByTwo, 6, rot);
+}
+
+//! SecondaryShard as a plan call: capture `full`, then gather into out.
+template <class T, class F, class Tr>
+struct HpzCall {
+  q::SecondaryShard<T, F, Tr> p;
+  std::uint64_t generation = 0;
+  std::size_t workspace_bytes() const { return p.workspace_bytes(); }
+  auto operator()(const T* full, T* out, void* ws, std::size_t bytes, typename Tr::stream_type s = {}) {
+    p.capture(full, ++generation, s);
+    return p.gather(out, generation, ws, bytes, s);
+  }
+};
+
+template <class T, class F>
+void group_hpz(const std::vector<long long>& ids, std::uint64_t seed) {
+  const int W = static_cast<int>(ids.size());
+  const q::TensorGroup grp(group_sizes(seed), W, q::granule_for(sizeof(T), {F::block}));
+  const q::ShardLayout& layout = grp;
+  const auto in = group_inputs<T>(grp, seed, 1);
+  // Every rank captures the same full buffer (rank 0's), as after a gather.
+  auto same = in;
+  for (auto& step : same)
+    for (auto& v : step) v = step[0];
+  const auto make = [&](auto& t, const q::Topology& topo) {
+    using Tr = std::decay_t<decltype(t)>;
+    return HpzCall<T, F, Tr>{q::SecondaryShard<T, F, Tr>(t, topo, layout)};
+  };
+  const q::FeedbackOptions none;
+  compare_group<T>(run_device<false, T>(ids, layout.padded_numel(), same, make, none, NoCorruption{}),
+                   run_host<false, T>(ids, layout.padded_numel(), same, make, none), grp, false,
+                   "grouped SecondaryShard<" + std::string(q::format_name(F::id)) + ">, " + group_text(grp));
+}
+
+TEST_CASE("grouped SecondaryShard (hpZ) over cuda_local equals the host path") {
+  testing_support::Watchdog dog(kWatchdogSeconds, "grouped hpZ");
+  group_hpz<q::bfloat16, q::Int8<32>>(kTwoByTwo, 11);
+  group_hpz<float, q::Identity<float, 32>>(kRoundRobin6, 12);
+}
+
+template <bool Fb, class T, class F1, class F2>
+void group_reduce_scatter(const std::vector<long long>& ids, std::uint64_t seed, q::Hops hops, q::Reduce op,
+                          const q::ReduceScatterOptions& opts, const q::FeedbackOptions& fb,
+                          const std::string& what) {
+  const int W = static_cast<int>(ids.size());
+  const q::TensorGroup grp(group_sizes(seed), W, q::granule_for(sizeof(T), {F1::block, F2::block}));
+  const q::ShardLayout& layout = grp;
+  const auto in = group_inputs<T>(grp, seed, Fb ? 2 : 1);
+  const auto make = [&](auto& t, const q::Topology& topo) {
+    using Tr = std::decay_t<decltype(t)>;
+    return q::QuantizedReduceScatter<T, F1, F2, Tr>(t, topo, layout, op, hops, opts);
+  };
+  compare_group<T>(run_device<Fb, T>(ids, layout.shard_numel(), in, make, fb, NoCorruption{}),
+                   run_host<Fb, T>(ids, layout.shard_numel(), in, make, fb), grp, true,
+                   "grouped QuantizedReduceScatter (" + what + "), " + ids_text(ids) + ", " +
+                       group_text(grp) + (hops == q::Hops::one ? ", one hop" : ", two hops"));
+}
+
+TEST_CASE("grouped QuantizedReduceScatter over cuda_local equals the host path: rotation, feedback, SR") {
+  testing_support::Watchdog dog(kWatchdogSeconds, "grouped reduce-scatter");
+  using I8 = q::Int8<32>;
+  using I4 = q::Int4<64>;
+  using A4 = q::Int4Asym<32>;
+  const q::ReduceScatterOptions plain;
+  const q::FeedbackOptions none;
+  group_reduce_scatter<false, float, I8, I8>(kOneNode3, 21, q::Hops::one, q::Reduce::sum, plain, none,
+                                             "plain");
+  group_reduce_scatter<false, q::bfloat16, I8, A4>(kTwoByTwo, 22, q::Hops::two, q::Reduce::mean, plain, none,
+                                                   "plain");
+  group_reduce_scatter<false, float, I4, q::Identity<float, 32>>(
+      kRoundRobin6, 23, q::Hops::two, q::Reduce::sum, plain, none, "identity hop 2");
+  q::ReduceScatterOptions sr;
+  sr.hop1.rounding = sr.hop2.rounding = q::Rounding::stochastic;
+  sr.hop1.seed = 3;
+  sr.hop2.seed = 4;
+  group_reduce_scatter<false, q::half, I8, I4>(kTwoByTwo, 24, q::Hops::two, q::Reduce::sum, sr, none,
+                                               "stochastic");
+  q::ReduceScatterOptions rot;
+  rot.hop1.rotation = q::Rotation{5, 1};
+  rot.hop2.rotation = q::Rotation{4, 2};
+  group_reduce_scatter<false, float, I8, I8>(kOneNode3, 25, q::Hops::one, q::Reduce::mean, rot, none,
+                                             "rotation");
+  group_reduce_scatter<false, q::bfloat16, I8, A4>(kTwoByTwo, 26, q::Hops::two, q::Reduce::sum, rot, none,
+                                                   "rotations");
+  q::FeedbackOptions fb;
+  fb.hop2 = true;
+  fb.decay = 0.75f;
+  group_reduce_scatter<true, float, A4, I4>(kOneNode3, 27, q::Hops::one, q::Reduce::sum, plain, fb,
+                                            "feedback");
+  group_reduce_scatter<true, float, I8, A4>(kTwoByTwo, 28, q::Hops::two, q::Reduce::mean, plain, fb,
+                                            "feedback, both hops");
+  group_reduce_scatter<true, q::bfloat16, I8, I4>(kRoundRobin6, 29, q::Hops::two, q::Reduce::sum, rot, fb,
+                                                  "feedback and rotations");
+}
+
+TEST_CASE("grouped QuantizedAllReduce over cuda_local equals the host path") {
+  testing_support::Watchdog dog(kWatchdogSeconds, "grouped all-reduce");
+  using I8 = q::Int8<32>;
+  using A4 = q::Int4Asym<32>;
+  const q::TensorGroup grp(group_sizes(31), 4, q::granule_for(4, {I8::block, A4::block}));
+  const q::ShardLayout& layout = grp;
+  const auto in = group_inputs<float>(grp, 31, 2);
+  const auto make = [&](auto& t, const q::Topology& topo) {
+    using Tr = std::decay_t<decltype(t)>;
+    return q::QuantizedAllReduce<float, I8, A4, A4, Tr>(t, topo, layout, q::Reduce::mean, q::Hops::two);
+  };
+  const q::FeedbackOptions fb;
+  compare_group<float>(
+      run_device<true, float>(kTwoByTwo, layout.padded_numel(), in, make, fb, NoCorruption{}),
+      run_host<true, float>(kTwoByTwo, layout.padded_numel(), in, make, fb), grp, false,
+      "grouped QuantizedAllReduce with feedback, " + group_text(grp));
+}
+
+TEST_CASE("grouped DeltaAllGather (qWD) over cuda_local equals the host path") {
+  testing_support::Watchdog dog(kWatchdogSeconds, "grouped qWD");
+  using F = q::Int4Asym<32>;
+  const q::TensorGroup grp(group_sizes(41), 4, q::granule_for(sizeof(q::bfloat16), {F::block}));
+  const std::vector<char> d = group_data(grp);
+  std::vector<char> nan_at(d.size());
+  for (std::size_t i = 0; i < d.size(); ++i) nan_at[i] = !d[i];
+  q::host::QuantizeOptions opt;
+  opt.rounding = q::Rounding::stochastic;
+  opt.seed = 5;
+  std::vector<std::vector<std::uint32_t>> hf, df;
+  const auto host = delta_run<q::bfloat16, F, q::LocalTransport>(kTwoByTwo, grp, opt, 2, hf, &nan_at);
+  const auto dev = delta_run<q::bfloat16, F, q::CudaLocalTransport>(kTwoByTwo, grp, opt, 2, df, &nan_at);
+  Outcome h(4), v(4);
+  for (std::size_t r = 0; r < 4; ++r) {
+    h.out[r] = host[r];
+    v.out[r] = dev[r];
+    h.flags[r] = hf[r];
+    v.flags[r] = df[r];
+  }
+  compare_group<q::bfloat16>(v, h, grp, false, "grouped DeltaAllGather, " + group_text(grp));
+}
+
 #if TEST_LOWBIT_NCCL
 TEST_CASE(
-    "nccl, one rank: a rotated all-gather and a rotated reduce-scatter with feedback equal the host path") {
+    "nccl, one rank: a rotated all-gather and rotated reduce-scatters with feedback (one grouped) equal the "
+    "host path") {
   testing_support::Watchdog dog(kWatchdogSeconds, "nccl");
   QCOLL_CUDA_CHECK(cudaSetDevice(0));
   OneRankComm comm;
@@ -872,6 +1141,18 @@ TEST_CASE(
   device_rank<false, float>(t, s, ids, layout.padded_numel(), shards, make_ag, fb, none, false, dev_ag);
   compare(dev_ag, run_host<false, float>(ids, layout.padded_numel(), shards, make_ag, fb),
           "nccl: rotated QuantizedAllGather");
+  // A group of several tensors: the plan's slot table in device memory.
+  const q::TensorGroup grp(group_sizes(46), 1, q::granule_for(4, {F::block}));
+  const q::ShardLayout& glayout = grp;
+  const auto gin = group_inputs<float>(grp, 46, 2);
+  const auto make_grs = [&](auto& tr, const q::Topology& topo) {
+    using Tr = std::decay_t<decltype(tr)>;
+    return q::QuantizedReduceScatter<float, F, F, Tr>(tr, topo, glayout, q::Reduce::mean, q::Hops::one, opts);
+  };
+  Outcome dev_g(1);
+  device_rank<true, float>(t, s, ids, glayout.shard_numel(), gin, make_grs, fb, none, false, dev_g);
+  compare_group<float>(dev_g, run_host<true, float>(ids, glayout.shard_numel(), gin, make_grs, fb), grp, true,
+                       "nccl: grouped QuantizedReduceScatter with feedback");
   QCOLL_CUDA_CHECK(cudaStreamDestroy(s));
 }
 #endif

@@ -47,7 +47,7 @@ class QuantizedAllGather {
       QCOLL_REQUIRE(layout.parts() == world.size(), "QuantizedAllGather", "layout.parts()", layout.parts(),
                     "differs from the world size", world.size());
       detail::check_blocks("QuantizedAllGather", layout, F::block, format_name(F::id));
-      detail::check_layout_transport<Transport>("QuantizedAllGather", layout);
+      if constexpr (detail::on_device<Transport>) slots_ = detail::make_device_slots<Transport>(layout);
       check_rotation("QuantizedAllGather", hop.rotation, F::block);
     });
     detail::agree_on_call(world, calls_.id, err, false, "QuantizedAllGather");
@@ -216,6 +216,7 @@ class QuantizedAllGather {
   Rotation rotation_;
   detail::PlanCalls calls_;
   detail::InFlight inflight_;
+  detail::DeviceSlots slots_;  // device transports: the group's slot table in device memory
 };
 
 QCOLL_NAMESPACE_END

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <type_traits>
@@ -395,14 +396,20 @@ inline DeviceControl take_control(WorkspaceCarver& c, bool device) {
 template <class Transport>
 constexpr bool on_device = Transport::memory_space == MemorySpace::device;
 
-//! Checks that a plan over `layout` can run on Transport: a group of two or more tensors runs on
-//! host transports only (the device kernels read flat layouts). Throws qcoll::Error naming
-//! `function`. O(1).
+//! A device plan's copy of a grouped layout's slot table (empty for a flat layout and on host
+//! transports): made once at construction by make_device_slots (collective/device.cuh), which
+//! allocates 2 * tensors words of device memory and copies the table there; shared by copies of
+//! the plan and freed with the last. Kernels take `table` by value.
+struct DeviceSlots {
+  std::shared_ptr<void> memory;  //!< the device allocation (null: none)
+  SlotTable table{};             //!< the table in device memory (slots = 0: flat)
+};
+
+//! The DeviceSlots of `layout` for a plan on Transport: empty unless Transport moves device
+//! memory and the layout is a group of several tensors. Defined in collective/device.cuh (which
+//! every device transport's header includes). Throws qcoll::Error if a CUDA call fails.
 template <class Transport>
-void check_layout_transport(const char* function, const ShardLayout& layout) {
-  QCOLL_REQUIRE(!on_device<Transport> || !layout.grouped(), function, "layout", "a group of several tensors",
-                "runs on", "host transports only (device plans take flat layouts and one-tensor groups)");
-}
+DeviceSlots make_device_slots(const ShardLayout& layout);
 
 //! Workspace of a gather: (device: the control words,) this rank's message, then one message per
 //! rank of the group.

@@ -48,7 +48,7 @@ class DeltaAllGather {
       QCOLL_REQUIRE(layout.parts() == world.size(), "DeltaAllGather", "layout.parts()", layout.parts(),
                     "differs from the world size", world.size());
       detail::check_blocks("DeltaAllGather", layout, F::block, format_name(F::id));
-      detail::check_layout_transport<Transport>("DeltaAllGather", layout);
+      if constexpr (detail::on_device<Transport>) slots_ = detail::make_device_slots<Transport>(layout);
     });
     detail::agree_on_call(world, calls_.id, err, false, "DeltaAllGather");
   }
@@ -263,6 +263,7 @@ class DeltaAllGather {
   host::QuantizeOptions opt_;
   detail::PlanCalls calls_;
   detail::InFlight inflight_;
+  detail::DeviceSlots slots_;  // device transports: the group's slot table in device memory
 };
 
 QCOLL_NAMESPACE_END

@@ -44,6 +44,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
+#include <memory>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -198,12 +199,13 @@ void check_buffer(const char* fn, const char* name, const T* p, std::size_t n, c
 //! The exchange of a gather plan (QuantizedAllGather, SecondaryShard::gather) on `stream`: this
 //! rank's message of F from `input` (or, when !ok, a rejected header), the transport's all_gather
 //! of the messages in p, the received headers checked into *status (flags masked by `report`),
-//! and message q decoded into out + q * input.n, outputs at index >= limit zeroed; the decode is
-//! skipped if the check tripped the guard.
+//! and message q decoded into out + q * input.n, outputs at index >= limit and the padding
+//! `slots` mark (out is the full buffer) zeroed; the decode is skipped if the check tripped the
+//! guard.
 template <class F, class Transport, class Input, class T>
 void gather_exchange(Transport& t, const ::qcoll::detail::GatherPieces& p, bool ok, const Input& input,
-                     const host::QuantizeOptions& opt, T* out, std::size_t limit, std::uint32_t* status,
-                     std::uint32_t report, cudaStream_t stream) {
+                     const host::QuantizeOptions& opt, T* out, std::size_t limit, const SlotTable& slots,
+                     std::uint32_t* status, std::uint32_t report, cudaStream_t stream) {
   const std::size_t n = input.n, P = packed_bytes<F>(n);
   if (ok) {
     launch_quantize<F>(input, p.send, opt, stream, p.control.scratch);
@@ -212,7 +214,7 @@ void gather_exchange(Transport& t, const ::qcoll::detail::GatherPieces& p, bool 
   }
   t.all_gather(p.send, p.recv, P, stream);
   launch_verify<F>(p.recv, P, t.size(), n, opt.tag, status, report, stream);
-  launch_gather_decode<F>(p.recv, P, t.size(), n, out, limit, status, stream);
+  launch_gather_decode<F>(p.recv, P, t.size(), n, out, limit, status, stream, slots);
 }
 
 //! The host-side checks of a device call's error-feedback state (its header lives in device
@@ -282,6 +284,34 @@ class DeviceStorage {
   std::size_t n_ = 0;
 };
 
+// Declared and documented in common.hpp: the slot table copied to device memory, once.
+template <class Transport>
+DeviceSlots make_device_slots(const ShardLayout& layout) {
+  DeviceSlots d;
+  if constexpr (on_device<Transport>) {
+    const SlotTable t = layout.slots();
+    if (t.slots == 0) return d;
+    void* raw = nullptr;
+    QCOLL_CUDA_CHECK(cudaMalloc(&raw, 2 * t.slots * sizeof(std::size_t)));
+    d.memory = std::shared_ptr<void>(raw, [](void* q) { (void)cudaFree(q); });
+    auto* dev = static_cast<std::size_t*>(raw);
+    QCOLL_CUDA_CHECK(cudaMemcpy(dev, t.slot_start, t.slots * sizeof(std::size_t), cudaMemcpyHostToDevice));
+    QCOLL_CUDA_CHECK(
+        cudaMemcpy(dev + t.slots, t.data_end, t.slots * sizeof(std::size_t), cudaMemcpyHostToDevice));
+    d.table = SlotTable{dev, dev + t.slots, t.slots};
+  }
+  return d;
+}
+
+//! The identity source map of a run of `valid` data elements whose element 0 is global position
+//! `first` of a layout with (device) slots `slots`.
+inline SourceMap run_map(std::size_t valid, std::size_t first, const SlotTable& slots) {
+  SourceMap m = SourceMap::identity(valid);
+  m.slots = slots;
+  m.slot_base = first;
+  return m;
+}
+
 }  // namespace detail
 
 // ---------------------------------------------------------------------------------------------
@@ -308,23 +338,25 @@ std::string QuantizedAllGather<T, F, Transport>::device_call(const T* shard, T* 
   host::QuantizeOptions o = opt_;
   o.index_base = layout_.shard_offset(r);
   o.tag = calls_.next().hash();
+  const SlotTable& slots = slots_.table;
+  const std::size_t valid = layout_.valid_in_shard(r);
+  const SourceMap map = detail::run_map(valid, layout_.shard_offset(r), slots);
   if (!rotation_.enabled()) {
-    gd::gather_exchange<F>(world_, p, err.empty(),
-                           gd::TensorInput<T>{shard, gpu::SourceMap::identity(layout_.valid_in_shard(r)), S},
-                           o, full, layout_.numel(), st, report, stream);
+    gd::gather_exchange<F>(world_, p, err.empty(), gd::TensorInput<T>{shard, map, S}, o, full,
+                           layout_.numel(), slots, st, report, stream);
     return err;
   }
   // Rotated: the shard as floats, rotated span by span, quantized with its whole spans as data;
   // every received message decoded, rotated back and stored (as the host path, same bits).
-  const std::size_t valid = layout_.valid_in_shard(r), tile = gd::rotation_tile(rotation_);
+  const std::size_t tile = gd::rotation_tile(rotation_);
   const std::size_t P = message_bytes();
   if (err.empty()) {
     gd::rotate_shard_kernel<T><<<gd::grid_for(S, tile), gd::kThreads, 0, stream>>>(
-        shard, S, valid, rotation_, layout_.shard_offset(r), tile, p.scratch);
+        shard, S, valid, rotation_, layout_.shard_offset(r), tile, slots, p.scratch);
     QCOLL_CUDA_CHECK_LAUNCH();
-    gd::launch_quantize<F>(
-        gd::TensorInput<float>{p.scratch, gpu::SourceMap::identity(rotated_count(valid, rotation_)), S},
-        p.send, o, stream, p.control.scratch);
+    // Block b carries its data elements rounded up to whole spans (the host's LayoutSource).
+    gd::launch_quantize<F>(gd::BlockFloatInput<F::block>{p.scratch, map, S, rotation_}, p.send, o, stream,
+                           p.control.scratch);
   } else {
     gd::launch_reject<F>(p.send, P, 1, S, o.tag, stream);
   }
@@ -333,7 +365,7 @@ std::string QuantizedAllGather<T, F, Transport>::device_call(const T* shard, T* 
   if (S > 0) {
     const dim3 grid(gd::grid_for(S, tile), static_cast<unsigned>(world_.size()));
     gd::unrotate_gather_kernel<F, T>
-        <<<grid, gd::kThreads, 0, stream>>>(p.recv, P, S, rotation_, tile, full, layout_.numel(), st);
+        <<<grid, gd::kThreads, 0, stream>>>(p.recv, P, S, rotation_, tile, full, layout_.numel(), slots, st);
     QCOLL_CUDA_CHECK_LAUNCH();
   }
   return err;
@@ -380,9 +412,12 @@ std::string QuantizedReduceScatter<T, F1, F2, Transport>::device_call(
   const bool float1 = r1.enabled() || res.data != nullptr;  // hop 1 through floats (p.acc)
   const std::size_t tile1 = gd::rotation_tile(r1);
   // Where hop-1 message q reads the gradient (the qgZ reorder for two hops).
+  const SlotTable& slots = slots_.table;
   const auto map1 = [&](int q) {
-    return two ? gpu::SourceMap::qgz(numel, S, N, L, p.table, static_cast<std::size_t>(q) * n1)
-               : gpu::SourceMap::identity(numel, layout_.shard_offset(q));
+    gpu::SourceMap m = two ? gpu::SourceMap::qgz(numel, S, N, L, p.table, static_cast<std::size_t>(q) * n1)
+                           : gpu::SourceMap::identity(numel, layout_.shard_offset(q));
+    m.slots = slots;  // the gradient is the whole buffer: slot_base 0
+    return m;
   };
   // Hop 1: quantize (the qgZ reorder fused in for two hops), or mark the messages rejected.
   if (!err.empty()) {
@@ -415,12 +450,13 @@ std::string QuantizedReduceScatter<T, F1, F2, Transport>::device_call(
   const auto finish = [&](auto format, const unsigned char* msgs, std::size_t stride, int k) {
     using F = decltype(format);
     if (!r2.enabled()) {
-      gd::launch_reduce<F>(msgs, stride, k, S, post, shard, valid, st, stream);
+      gd::launch_reduce<F>(msgs, stride, k, S, post, shard, valid, st, stream, slots,
+                           layout_.shard_offset(r));
     } else if (S > 0) {
       const std::size_t tile = gd::rotation_tile(r2);
       gd::unrotate_reduce_kernel<F, T><<<gd::grid_for(S, tile), gd::kThreads, 0, stream>>>(
           msgs, stride, k, S, rotated_count(valid, r2), r2, layout_.shard_offset(r), tile, post, shard, valid,
-          st);
+          slots, st);
       QCOLL_CUDA_CHECK_LAUNCH();
     }
   };
@@ -461,9 +497,10 @@ std::string QuantizedReduceScatter<T, F1, F2, Transport>::device_call(
     for (int m = 0; m < N; ++m) {
       const int owner = rank_at_[static_cast<std::size_t>(m * L + j)];
       o2.index_base = layout_.shard_offset(owner);
-      gd::launch_quantize<F2>(gd::ReduceInput<F1>{p.recv1, P1, L, n1, static_cast<std::size_t>(m) * S, S,
-                                                  layout_.valid_in_shard(owner), gd::PostOp{}, aligned1},
-                              p.send2 + static_cast<std::size_t>(m) * P2, o2, stream, p.control.scratch);
+      gd::launch_quantize<F2>(
+          gd::ReduceInput<F1>{p.recv1, P1, L, n1, static_cast<std::size_t>(m) * S, S,
+                              layout_.valid_in_shard(owner), gd::PostOp{}, aligned1, slots, o2.index_base},
+          p.send2 + static_cast<std::size_t>(m) * P2, o2, stream, p.control.scratch);
     }
   } else {  // through floats: the sums into p.acc, moved into hop 2's domain, plus the residual
     const std::size_t tile2 = gd::rotation_tile(r1, r2);
@@ -473,17 +510,19 @@ std::string QuantizedReduceScatter<T, F1, F2, Transport>::device_call(
       if (S > 0) {
         gd::hop2_float_kernel<F1>
             <<<dim3(gd::grid_for(S, tile2), static_cast<unsigned>(count)), gd::kThreads, 0, stream>>>(
-                p.recv1, P1, L, n1, S, m0, slices, r1, r2, !same_rotation(r1, r2), tile2, res, p.acc);
+                p.recv1, P1, L, n1, S, m0, slices, r1, r2, !same_rotation(r1, r2), tile2, res, p.acc,
+                F2::block, slots);
         QCOLL_CUDA_CHECK_LAUNCH();
       }
     }
     for (int m = 0; m < N; ++m) {
       const int owner = rank_at_[static_cast<std::size_t>(m * L + j)];
       o2.index_base = layout_.shard_offset(owner);
-      const std::size_t valid2 = rotated_count(layout_.valid_in_shard(owner), r2);
-      gd::launch_quantize<F2>(gd::TensorInput<float>{p.acc + static_cast<std::size_t>(m) * S,
-                                                     gpu::SourceMap::identity(valid2), S},
-                              p.send2 + static_cast<std::size_t>(m) * P2, o2, stream, p.control.scratch);
+      // Block b carries its data elements rounded up to whole spans of r2 (the host's LayoutSource).
+      const SourceMap map2 = detail::run_map(layout_.valid_in_shard(owner), o2.index_base, slots);
+      gd::launch_quantize<F2>(
+          gd::BlockFloatInput<F2::block>{p.acc + static_cast<std::size_t>(m) * S, map2, S, r2},
+          p.send2 + static_cast<std::size_t>(m) * P2, o2, stream, p.control.scratch);
     }
   }
   gd::launch_spread(p.send2, P2, N, st, stream);
@@ -496,7 +535,7 @@ std::string QuantizedReduceScatter<T, F1, F2, Transport>::device_call(
       const int count = N - m0 < gd::SliceTable::kMax ? N - m0 : gd::SliceTable::kMax;
       gd::hop2_update_kernel<F2>
           <<<dim3(gd::grid_for(S, gd::kThreads), static_cast<unsigned>(count)), gd::kThreads, 0, stream>>>(
-              p.send2, P2, S, slice_table(m0, count), m0, r2, res, p.acc, st);
+              p.send2, P2, S, slice_table(m0, count), m0, r2, res, p.acc, slots, st);
       QCOLL_CUDA_CHECK_LAUNCH();
     }
   }
@@ -573,8 +612,9 @@ std::string SecondaryShard<T, F, Transport>::device_gather(T* full, std::uint64_
   gd::gather_exchange<F>(
       intra_, p, err.empty(),
       gd::TensorInput<T>{storage_.data(),
-                         gpu::SourceMap::identity(valid_elements_in(layout_.numel(), offset, S)), S},
-      o, full, layout_.numel(), st, ~0u, stream);
+                         detail::run_map(valid_elements_in(layout_.numel(), offset, S), offset, slots_.table),
+                         S},
+      o, full, layout_.numel(), slots_.table, st, ~0u, stream);
   return err;
 }
 
@@ -614,8 +654,8 @@ std::string DeltaAllGather<T, F, Transport>::device_call(int kind, const T* shar
           shard, replica + offset, valid, kind == 6, p.diff);
       QCOLL_CUDA_CHECK_LAUNCH();
     }
-    gd::launch_quantize<G>(gd::TensorInput<float>{p.diff, gpu::SourceMap::identity(valid), S}, p.send, o,
-                           stream, p.control.scratch);
+    gd::launch_quantize<G>(gd::TensorInput<float>{p.diff, detail::run_map(valid, offset, slots_.table), S},
+                           p.send, o, stream, p.control.scratch);
   } else {
     gd::launch_reject<G>(p.send, P, 1, S, o.tag, stream);
   }
@@ -623,8 +663,8 @@ std::string DeltaAllGather<T, F, Transport>::device_call(int kind, const T* shar
   gd::launch_verify<G>(p.recv, P, world_.size(), S, o.tag, st, ~0u, stream);
   if (S > 0) {
     const dim3 grid(gd::grid_for(S, gd::kThreads), static_cast<unsigned>(world_.size()));
-    gd::delta_apply_kernel<G, T>
-        <<<grid, gd::kThreads, 0, stream>>>(p.recv, P, S, replica, layout_.numel(), kind == 6, st);
+    gd::delta_apply_kernel<G, T><<<grid, gd::kThreads, 0, stream>>>(p.recv, P, S, replica, layout_.numel(),
+                                                                    kind == 6, slots_.table, st);
     QCOLL_CUDA_CHECK_LAUNCH();
   }
   return err;

@@ -49,7 +49,7 @@ class SecondaryShard {
       : world_(world),
         layout_(layout),
         calls_{identity(layout, topo)},
-        secondary_(checked(world, topo, layout, calls_.id)),
+        secondary_(checked(world, topo, layout, calls_.id, slots_)),
         intra_(world.split(topo.node(), topo.local_index())),
         local_(topo.local_index()),
         storage_(secondary_.shard_numel()) {}
@@ -201,8 +201,9 @@ class SecondaryShard {
   detail::GatherPieces carve(void* base) const {
     return detail::carve_gather(base, message_bytes(), secondary_.parts(), detail::on_device<Transport>);
   }
+  // The checks agreed at construction; a device plan also copies the group's slots to `slots`.
   static SecondaryLayout checked(Transport& world, const Topology& topo, const ShardLayout& layout,
-                                 const CallIdentity& id) {
+                                 const CallIdentity& id, detail::DeviceSlots& slots) {
     const std::string err = detail::local_check([&] {
       QCOLL_REQUIRE(topo.world_size() == world.size() && topo.rank() == world.rank(), "SecondaryShard",
                     "topo", "world " << topo.world_size() << " rank " << topo.rank(),
@@ -211,7 +212,7 @@ class SecondaryShard {
       QCOLL_REQUIRE(layout.parts() == world.size(), "SecondaryShard", "layout.parts()", layout.parts(),
                     "differs from the world size", world.size());
       detail::check_blocks("SecondaryShard", layout, F::block, format_name(F::id));
-      detail::check_layout_transport<Transport>("SecondaryShard", layout);
+      if constexpr (detail::on_device<Transport>) slots = detail::make_device_slots<Transport>(layout);
     });
     detail::agree_on_call(world, id, err, false, "SecondaryShard");
     return SecondaryLayout(layout, topo);
@@ -220,6 +221,7 @@ class SecondaryShard {
   Transport& world_;
   ShardLayout layout_;
   detail::PlanCalls calls_;
+  detail::DeviceSlots slots_;  // device transports: the group's slot table (set by checked())
   SecondaryLayout secondary_;
   SubTransport intra_;
   int local_;

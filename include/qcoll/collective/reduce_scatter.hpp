@@ -72,7 +72,7 @@ class QuantizedReduceScatter {
                          Hops hops, const ReduceScatterOptions& options)
       : world_(world),
         calls_{identity(layout, topo, op, hops, options)},
-        topo_(checked(world, topo, layout, hops, options, calls_.id)),
+        topo_(checked(world, topo, layout, hops, options, calls_.id, slots_)),
         layout_(layout),
         op_(op),
         hops_(hops),
@@ -590,8 +590,10 @@ class QuantizedReduceScatter {
     return bad;
   }
 
+  // The checks agreed at construction; a device plan also copies the group's slots to `slots`.
   static Topology checked(Transport& world, const Topology& topo, const ShardLayout& layout, Hops hops,
-                          const ReduceScatterOptions& options, const CallIdentity& id) {
+                          const ReduceScatterOptions& options, const CallIdentity& id,
+                          detail::DeviceSlots& slots) {
     const std::string err = detail::local_check([&] {
       QCOLL_REQUIRE(
           topo.world_size() == world.size() && topo.rank() == world.rank(), "QuantizedReduceScatter", "topo",
@@ -600,12 +602,12 @@ class QuantizedReduceScatter {
       QCOLL_REQUIRE(layout.parts() == world.size(), "QuantizedReduceScatter", "layout.parts()",
                     layout.parts(), "differs from the world size", world.size());
       detail::check_blocks("QuantizedReduceScatter", layout, F1::block, format_name(F1::id));
-      detail::check_layout_transport<Transport>("QuantizedReduceScatter", layout);
       check_rotation("QuantizedReduceScatter", options.hop1.rotation, F1::block);
       if (hops == Hops::two) {
         detail::check_blocks("QuantizedReduceScatter", layout, F2::block, format_name(F2::id));
         check_rotation("QuantizedReduceScatter", options.hop2.rotation, F2::block);
       }
+      if constexpr (detail::on_device<Transport>) slots = detail::make_device_slots<Transport>(layout);
     });
     detail::agree_on_call(world, id, err, false, "QuantizedReduceScatter");
     return topo;
@@ -613,6 +615,7 @@ class QuantizedReduceScatter {
 
   Transport& world_;
   detail::PlanCalls calls_;
+  detail::DeviceSlots slots_;  // device transports: the group's slot table (set by checked())
   Topology topo_;
   ShardLayout layout_;
   Reduce op_;

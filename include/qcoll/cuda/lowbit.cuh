@@ -232,17 +232,18 @@ struct BlockFloatInput {
 // Kernels
 // ---------------------------------------------------------------------------------------------
 
-//! All-gather, sender: scratch[0, n) = this rank's shard as floats (0 past `valid`), rotated
-//! forward span by span (element 0 is global element `base`).
+//! All-gather, sender: scratch[0, n) = this rank's shard as floats (0 past `valid` and at the
+//! padding `slots` mark), rotated forward span by span (element 0 is global element `base`).
 template <class T>
 __global__ void __launch_bounds__(kThreads)
     rotate_shard_kernel(const T* shard, std::size_t n, std::size_t valid, Rotation rot, std::size_t base,
-                        std::size_t tile, float* scratch) {
+                        std::size_t tile, SlotTable slots, float* scratch) {
   __shared__ float buf[kRotationTile];
   for (std::size_t t0 = blockIdx.x * tile; t0 < n; t0 += static_cast<std::size_t>(gridDim.x) * tile) {
     const std::size_t cnt = n - t0 < tile ? n - t0 : tile;
     for (std::size_t i = threadIdx.x; i < cnt; i += blockDim.x)
-      buf[i] = t0 + i < valid ? element_to_float(shard[t0 + i]) : 0.0f;
+      buf[i] =
+          t0 + i < valid && is_data_in_slots(slots, base + t0 + i) ? element_to_float(shard[t0 + i]) : 0.0f;
     rotate_tile(buf, cnt, rot, true, LinearGlobal{base + t0});
     for (std::size_t i = threadIdx.x; i < cnt; i += blockDim.x) scratch[t0 + i] = buf[i];
     end_tile();
@@ -251,12 +252,13 @@ __global__ void __launch_bounds__(kThreads)
 
 //! All-gather, receiver: message q (blockIdx.y; n elements of F at msgs + q * stride) decoded,
 //! its first rotated_count(valid_q) elements rotated back, and stored as T at out + q * n, where
-//! valid_q = the elements of [q n, (q + 1) n) below `limit`; the rest is written as 0. Nothing is
-//! written when *guard has tripped.
+//! valid_q = the elements of [q n, (q + 1) n) below `limit`; the rest, and the padding `slots`
+//! mark (out[i] at global position i), is written as 0. Nothing is written when *guard has tripped.
 template <class F, class T>
 __global__ void __launch_bounds__(kThreads)
     unrotate_gather_kernel(const unsigned char* msgs, std::size_t stride, std::size_t n, Rotation rot,
-                           std::size_t tile, T* out, std::size_t limit, const std::uint32_t* guard) {
+                           std::size_t tile, T* out, std::size_t limit, SlotTable slots,
+                           const std::uint32_t* guard) {
   __shared__ float buf[kRotationTile];
   if (guard_tripped(guard)) return;
   const std::size_t q = blockIdx.y, base = q * n;
@@ -269,20 +271,21 @@ __global__ void __launch_bounds__(kThreads)
       buf[i] = t0 + i < carried ? decode_one<F>(msg, n, t0 + i) : 0.0f;
     rotate_tile(buf, cnt, rot, false, LinearGlobal{base + t0});
     for (std::size_t i = threadIdx.x; i < cnt; i += blockDim.x)
-      out[base + t0 + i] = from_float<T>(t0 + i < valid ? buf[i] : 0.0f);
+      out[base + t0 + i] =
+          from_float<T>(t0 + i < valid && is_data_in_slots(slots, base + t0 + i) ? buf[i] : 0.0f);
     end_tile();
   }
 }
 
 //! Reduce-scatter, last step: the fp32 sum (in message order, from +0) of k messages of n
 //! elements of F, for the first `carried` elements; rotated back (element 0 is global element
-//! `base`); post; stored as T in out[0, valid), 0 in out[valid, n). Nothing is written when
-//! *guard has tripped.
+//! `base`); post; stored as T in out[0, valid), 0 in out[valid, n) and at the padding `slots`
+//! mark. Nothing is written when *guard has tripped.
 template <class F, class T>
 __global__ void __launch_bounds__(kThreads)
     unrotate_reduce_kernel(const unsigned char* msgs, std::size_t stride, int k, std::size_t n,
                            std::size_t carried, Rotation rot, std::size_t base, std::size_t tile, PostOp post,
-                           T* out, std::size_t valid, const std::uint32_t* guard) {
+                           T* out, std::size_t valid, SlotTable slots, const std::uint32_t* guard) {
   __shared__ float buf[kRotationTile];
   if (guard_tripped(guard)) return;
   for (std::size_t t0 = blockIdx.x * tile; t0 < n; t0 += static_cast<std::size_t>(gridDim.x) * tile) {
@@ -291,7 +294,8 @@ __global__ void __launch_bounds__(kThreads)
       buf[i] = t0 + i < carried ? reduce_one<F>(msgs, stride, k, n, PostOp{}, t0 + i) : 0.0f;
     rotate_tile(buf, cnt, rot, false, LinearGlobal{base + t0});
     for (std::size_t i = threadIdx.x; i < cnt; i += blockDim.x)
-      out[t0 + i] = from_float<T>(t0 + i < valid ? post.apply(buf[i]) : 0.0f);
+      out[t0 + i] =
+          from_float<T>(t0 + i < valid && is_data_in_slots(slots, base + t0 + i) ? post.apply(buf[i]) : 0.0f);
     end_tile();
   }
 }
@@ -347,22 +351,34 @@ struct SliceTable {
   std::size_t valid[kMax];
 };
 
+//! True when element i of a hop-2 slice (global element first + i, `valid` data elements, blocks
+//! of `block`) is carried by its message: i % block is below the block's data elements (a tensor
+//! group's `slots` leave out its padding), rounded up to whole spans of r2 (the host plan's
+//! LayoutSource count).
+QCOLL_DEVICE bool hop2_carries(std::size_t i, std::size_t first, std::size_t valid, std::size_t block,
+                               const SlotTable& slots, const Rotation& r2) {
+  const std::size_t at = i - i % block;
+  if (at >= valid) return false;
+  std::size_t d = valid - at < block ? valid - at : block;
+  if (slots.slots > 0) d = data_in_slots(slots, first + at, d);
+  return i % block < rotated_count(d, r2);
+}
+
 //! Reduce-scatter, hop 2 through floats, node slice m = m0 + blockIdx.y: v[m s, (m + 1) s) = the
 //! fp32 sums of the k hop-1 messages (n1 elements of F1 each) at elements [m s, (m + 1) s); with
 //! `rerotate` (r1 and r2 differ), rotated back with r1, zeroed past valid_m and rotated forward
-//! with r2 (element 0 is global element first_m); plus the hop-2 residual at
-//! [0, rotated_count(valid_m, r2)) where the state has an ok one.
+//! with r2 (element 0 is global element first_m; the padding `slots` mark is zeroed too); plus
+//! the hop-2 residual at the elements hop2_carries (blocks of block2) where the state has an ok one.
 template <class F1>
 __global__ void __launch_bounds__(kThreads)
     hop2_float_kernel(const unsigned char* msgs, std::size_t stride, int k, std::size_t n1, std::size_t s,
                       int m0, SliceTable slices, Rotation r1, Rotation r2, bool rerotate, std::size_t tile,
-                      ResidualArgs res, float* v) {
+                      ResidualArgs res, float* v, std::size_t block2, SlotTable slots) {
   __shared__ float buf[kRotationTile];
   const ResidualView fb = res.data != nullptr ? residual_view(res) : ResidualView{};
   const bool add = fb.ok && fb.n2 > 0;
   const std::size_t m = static_cast<std::size_t>(m0) + blockIdx.y;
   const std::size_t first = slices.first[blockIdx.y], valid = slices.valid[blockIdx.y];
-  const std::size_t valid2 = rotated_count(valid, r2);
   for (std::size_t t0 = blockIdx.x * tile; t0 < s; t0 += static_cast<std::size_t>(gridDim.x) * tile) {
     const std::size_t cnt = s - t0 < tile ? s - t0 : tile;
     for (std::size_t i = threadIdx.x; i < cnt; i += blockDim.x)
@@ -370,35 +386,39 @@ __global__ void __launch_bounds__(kThreads)
     if (rerotate) {
       rotate_tile(buf, cnt, r1, false, LinearGlobal{first + t0});
       for (std::size_t i = threadIdx.x; i < cnt; i += blockDim.x)
-        if (t0 + i >= valid) buf[i] = 0.0f;
+        if (t0 + i >= valid || !is_data_in_slots(slots, first + t0 + i)) buf[i] = 0.0f;
       __syncthreads();
       rotate_tile(buf, cnt, r2, true, LinearGlobal{first + t0});
     }
     for (std::size_t i = threadIdx.x; i < cnt; i += blockDim.x) {
       float x = buf[i];
-      if (add && t0 + i < valid2) x = fp::add(x, fb.get(fb.hop2, m * s + t0 + i));
+      if (add && hop2_carries(t0 + i, first, valid, block2, slots, r2))
+        x = fp::add(x, fb.get(fb.hop2, m * s + t0 + i));
       v[m * s + t0 + i] = x;
     }
     end_tile();
   }
 }
 
-//! Reduce-scatter, hop-2 residual update, node slice m = m0 + blockIdx.y: for elements i below
-//! rotated_count(valid_m, r2), keeps v[m s + i] minus the decoded element i of the slice's sent
-//! message (at msgs + m * stride, s elements of F2) as the hop-2 residual. Skipped when *guard has
-//! tripped or the state has no (ok) hop-2 residual.
+//! Reduce-scatter, hop-2 residual update, node slice m = m0 + blockIdx.y: for the elements i the
+//! message carries (hop2_carries, blocks of F2), keeps v[m s + i] minus the decoded element i of
+//! the slice's sent message (at msgs + m * stride, s elements of F2) as the hop-2 residual.
+//! Skipped when *guard has tripped or the state has no (ok) hop-2 residual.
 template <class F2>
 __global__ void __launch_bounds__(kThreads)
     hop2_update_kernel(const unsigned char* msgs, std::size_t stride, std::size_t s, SliceTable slices,
-                       int m0, Rotation r2, ResidualArgs res, const float* v, const std::uint32_t* guard) {
+                       int m0, Rotation r2, ResidualArgs res, const float* v, SlotTable slots,
+                       const std::uint32_t* guard) {
   const ResidualView fb = residual_view(res);
   if (guard_tripped(guard) || !fb.ok || fb.n2 == 0) return;
   const std::size_t m = static_cast<std::size_t>(m0) + blockIdx.y;
-  const std::size_t valid2 = rotated_count(slices.valid[blockIdx.y], r2);
+  const std::size_t first = slices.first[blockIdx.y], valid = slices.valid[blockIdx.y];
+  const std::size_t valid2 = rotated_count(valid, r2);
   const unsigned char* msg = msgs + m * stride;
   const std::size_t step = static_cast<std::size_t>(gridDim.x) * blockDim.x;
   for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < valid2; i += step)
-    fb.keep(fb.hop2, m * s + i, fp::sub(v[m * s + i], decode_one<F2>(msg, s, i)));
+    if (hop2_carries(i, first, valid, F2::block, slots, r2))
+      fb.keep(fb.hop2, m * s + i, fp::sub(v[m * s + i], decode_one<F2>(msg, s, i)));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -416,12 +436,13 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 //! qWD receiver: message q = blockIdx.y (n elements of G at msgs + q * stride) applied to
-//! replica[q n, (q + 1) n) below `limit`: R <- T(R + decoded) (difference) or T(decoded) (resync).
-//! Elements at or past limit are left alone; nothing is written when *guard has tripped.
+//! replica[q n, (q + 1) n) below `limit`: R <- T(R + decoded) (difference) or T(decoded) (resync);
+//! +0 at the padding `slots` mark (replica[i] at global position i). Elements at or past limit are
+//! left alone; nothing is written when *guard has tripped.
 template <class G, class T>
 __global__ void __launch_bounds__(kThreads)
     delta_apply_kernel(const unsigned char* msgs, std::size_t stride, std::size_t n, T* replica,
-                       std::size_t limit, bool difference, const std::uint32_t* guard) {
+                       std::size_t limit, bool difference, SlotTable slots, const std::uint32_t* guard) {
   if (guard_tripped(guard)) return;
   const std::size_t q = blockIdx.y, base = q * n;
   const unsigned char* msg = msgs + q * stride;
@@ -430,6 +451,10 @@ __global__ void __launch_bounds__(kThreads)
   const std::size_t step = static_cast<std::size_t>(gridDim.x) * blockDim.x;
   for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < valid;
        i += step) {
+    if (!is_data_in_slots(slots, base + i)) {
+      out[i] = from_float<T>(0.0f);
+      continue;
+    }
     const float d = decode_one<G>(msg, n, i);
     out[i] = from_float<T>(difference ? fp::add(to_float(out[i]), d) : d);
   }

@@ -480,7 +480,7 @@ struct TensorInput {
     if (p + kVec > n) return false;
     const std::size_t s0 = map_position(map, map.position0 + p);
     const std::size_t s1 = map_position(map, map.position0 + p + (kVec - 1));
-    if (s1 != s0 + (kVec - 1) || s1 >= map.numel || !is_aligned16(in + s0)) return false;
+    if (s1 != s0 + (kVec - 1) || map_data(map, s0, kVec) != kVec || !is_aligned16(in + s0)) return false;
     load_elements(in + s0, v);
     return true;
   }
@@ -488,14 +488,16 @@ struct TensorInput {
     valid = false;
     if (p >= n) return 0.0f;
     const std::size_t s = map_position(map, map.position0 + p);
-    valid = s < map.numel;
+    valid = map_data(map, s, 1) != 0;
     return valid ? element_to_float(in[s]) : 0.0f;
   }
 };
 
 //! The fp32 sum (then post) of k messages of msg_n elements of format F, read from message
 //! element `first` on: element p of this input is the reduction of element first + p. Elements
-//! p >= valid (valid <= n) are padding: left out of the statistics, code 0. `first` and the
+//! p >= valid (valid <= n) are padding: left out of the statistics, code 0, and so are the
+//! elements a tensor group's `slots` mark as padding (input element p at global position
+//! slot_base + p; slots = 0: none). `first` and the
 //! message's block size keep every block of this input inside one block of F's messages when
 //! first is a multiple of the smaller of the two blocks and both are powers of two.
 template <class F>
@@ -509,12 +511,19 @@ struct ReduceInput {
   std::size_t n;      // input elements (the message written has n elements)
   std::size_t valid;  // input elements holding data
   PostOp post;
-  bool aligned;  // every message starts 16-byte aligned
+  bool aligned;           // every message starts 16-byte aligned
+  SlotTable slots;        // a tensor group's slots in device memory (slots = 0: flat)
+  std::size_t slot_base;  // global position of input element 0
 
+  //! Data elements at the start of input elements [at, at + count) (a run inside one block).
+  QCOLL_DEVICE std::size_t data(std::size_t at, std::size_t count) const {
+    const std::size_t v = at >= valid ? 0 : (valid - at < count ? valid - at : count);
+    return slots.slots > 0 && v > 0 ? data_in_slots(slots, slot_base + at, v) : v;
+  }
   template <std::size_t Block>
   QCOLL_DEVICE Span span(std::size_t b) const {
     const std::size_t at = b * Block;
-    const std::size_t v = at >= valid ? 0 : (valid - at < Block ? valid - at : Block);
+    const std::size_t v = data(at, Block);
     return Span{at, v, aligned && v == Block && (first + at) % kVec == 0};
   }
   QCOLL_DEVICE uint4 load(const Span& s, int e) const {
@@ -536,12 +545,12 @@ struct ReduceInput {
     return fp::from_bits(j == 0 ? q.x : j == 1 ? q.y : j == 2 ? q.z : q.w);
   }
   QCOLL_DEVICE bool load_run(std::size_t p, float (&v)[kVec]) const {
-    if (p + kVec > valid || (first + p) % kVec != 0) return false;
+    if (data(p, kVec) != kVec || (first + p) % kVec != 0) return false;
     reduce_run<F, kVec>(msgs, stride, k, msg_n, post, first + p, aligned, v);
     return true;
   }
   QCOLL_DEVICE float load_one(std::size_t p, bool& ok) const {
-    ok = p < valid;
+    ok = data(p, 1) != 0;
     return ok ? reduce_one<F>(msgs, stride, k, msg_n, post, first + p) : 0.0f;
   }
 };
@@ -889,14 +898,17 @@ QCOLL_DEVICE bool guard_tripped(const std::uint32_t* guard) {
 
 //! Where a decode kernel writes: message q's element e goes to out[q * out_stride + e] (decode:
 //! one message per blockIdx.y; reduce: the k messages' sum, q = 0). Outputs at index >= limit get
-//! +0 instead of a decoded value (padding past a tensor's end). Nothing is written when `guard`
-//! has tripped (it is read once per thread, before any store).
+//! +0 instead of a decoded value (padding past a tensor's end), and so do the outputs a tensor
+//! group's `slots` mark as padding (out[i] at global position slot_base + i). Nothing is written
+//! when `guard` has tripped (it is read once per thread, before any store).
 template <class T>
 struct DecodeTarget {
   T* out;
   std::size_t out_stride;
   std::size_t limit;
   const std::uint32_t* guard;
+  SlotTable slots;        // in device memory (slots = 0: a flat buffer)
+  std::size_t slot_base;  // global position of out[0]
 };
 
 //! Decodes (kReduce = false: message blockIdx.y) or sums k messages of n elements of F into
@@ -914,9 +926,11 @@ __global__ void __launch_bounds__(kThreads)
   const std::size_t valid = target.limit <= base ? 0 : (target.limit - base < n ? target.limit - base : n);
   const std::size_t runs = (n + E - 1) / E;
   const std::size_t step = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  const SlotTable& slots = target.slots;
+  const std::size_t g0 = target.slot_base + base;  // global position of out[0]
   for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < runs; i += step) {
     const std::size_t e = i * E;
-    if (e + E <= valid) {
+    if (e + E <= valid && (slots.slots == 0 || data_in_slots(slots, g0 + e, E) == E)) {
       float v[E];
       if constexpr (kReduce) {
         reduce_run<F, E>(msg, stride, k, n, post, e, msg_aligned, v);
@@ -928,7 +942,7 @@ __global__ void __launch_bounds__(kThreads)
       const std::size_t end = e + E < n ? e + E : n;
       for (std::size_t p = e; p < end; ++p) {
         float x = 0.0f;
-        if (p < valid) {
+        if (p < valid && is_data_in_slots(slots, g0 + p)) {
           if constexpr (kReduce) {
             x = reduce_one<F>(msg, stride, k, n, post, p);
           } else {
@@ -1003,30 +1017,34 @@ void launch_quantize(const Input& input, void* out_ptr, const host::QuantizeOpti
 }
 
 //! Decodes k messages of n elements of F (message q at msgs + q * stride) into out + q * n,
-//! zeroing outputs at index >= limit; skipped when *guard (if not null) has tripped. One kernel
-//! (none for n = 0).
+//! zeroing outputs at index >= limit and those `slots` (device memory) mark as padding (out[i]
+//! at global position i); skipped when *guard (if not null) has tripped. One kernel (none for
+//! n = 0).
 template <class F, class T>
 void launch_gather_decode(const unsigned char* msgs, std::size_t stride, int k, std::size_t n, T* out,
-                          std::size_t limit, const std::uint32_t* guard, cudaStream_t stream) {
+                          std::size_t limit, const std::uint32_t* guard, cudaStream_t stream,
+                          const SlotTable& slots = SlotTable{}) {
   if (n == 0) return;
   constexpr std::size_t E = 32 / sizeof(T);
   const dim3 grid(grid_for((n + E - 1) / E, kThreads), static_cast<unsigned>(k));
-  decode_kernel<F, T, false>
-      <<<grid, kThreads, 0, stream>>>(msgs, stride, k, n, PostOp{}, DecodeTarget<T>{out, n, limit, guard},
-                                      is_aligned16(msgs) && (k == 1 || stride % 16 == 0),
-                                      is_aligned16(out) && (k == 1 || (n * sizeof(T)) % 16 == 0));
+  decode_kernel<F, T, false><<<grid, kThreads, 0, stream>>>(
+      msgs, stride, k, n, PostOp{}, DecodeTarget<T>{out, n, limit, guard, slots, 0},
+      is_aligned16(msgs) && (k == 1 || stride % 16 == 0),
+      is_aligned16(out) && (k == 1 || (n * sizeof(T)) % 16 == 0));
   QCOLL_CUDA_CHECK_LAUNCH();
 }
 
-//! Sums k messages of n elements of F into out[0, n) (then post), zeroing out[valid, n); skipped
-//! when *guard (if not null) has tripped. One kernel (none for n = 0).
+//! Sums k messages of n elements of F into out[0, n) (then post), zeroing out[valid, n) and the
+//! outputs `slots` (device memory) mark as padding (out[i] at global position slot_base + i);
+//! skipped when *guard (if not null) has tripped. One kernel (none for n = 0).
 template <class F, class T>
 void launch_reduce(const unsigned char* msgs, std::size_t stride, int k, std::size_t n, PostOp post, T* out,
-                   std::size_t valid, const std::uint32_t* guard, cudaStream_t stream) {
+                   std::size_t valid, const std::uint32_t* guard, cudaStream_t stream,
+                   const SlotTable& slots = SlotTable{}, std::size_t slot_base = 0) {
   if (n == 0) return;
   constexpr std::size_t E = 32 / sizeof(T);
   decode_kernel<F, T, true><<<grid_for((n + E - 1) / E, kThreads), kThreads, 0, stream>>>(
-      msgs, stride, k, n, post, DecodeTarget<T>{out, 0, valid, guard},
+      msgs, stride, k, n, post, DecodeTarget<T>{out, 0, valid, guard, slots, slot_base},
       is_aligned16(msgs) && (k == 1 || stride % 16 == 0), is_aligned16(out));
   QCOLL_CUDA_CHECK_LAUNCH();
 }
@@ -1068,7 +1086,9 @@ void quantize(const T* in, std::size_t n, void* out, const host::QuantizeOptions
 //! mb.valid}; }` byte for byte. Besides quantize's checks, for the qgZ reorder it requires
 //! num_nodes, ranks_per_node >= 1, rank_at non-null and device-accessible, shard_numel and
 //! position0 multiples of F::block (a block never straddles two shards), and position0 + n <=
-//! num_nodes * ranks_per_node * shard_numel. Workspace as quantize. O(n).
+//! num_nodes * ranks_per_node * shard_numel. With a tensor group's map.slots (slots > 0), both
+//! arrays must be device-accessible (padding they mark is left out as past numel). Workspace as
+//! quantize. O(n), O(n log tensors) grouped.
 template <class F, class T>
 void quantize_mapped(const T* in, std::size_t n, const SourceMap& map, void* out,
                      const host::QuantizeOptions& opt, cudaStream_t stream, void* workspace = nullptr,
@@ -1097,6 +1117,12 @@ void quantize_mapped(const T* in, std::size_t n, const SourceMap& map, void* out
         map.position0 <= positions && n <= positions - map.position0, fn, "n", n,
         "runs past the reordered buffer; map.position0 = " << map.position0 << ", positions =", positions);
     require_device_accessible(map.rank_at, fn, "map.rank_at");
+  }
+  if (map.slots.slots > 0) {
+    QCOLL_REQUIRE(map.slots.slot_start != nullptr && map.slots.data_end != nullptr, fn, "map.slots", "null",
+                  "with slots =", map.slots.slots);
+    require_device_accessible(map.slots.slot_start, fn, "map.slots.slot_start");
+    require_device_accessible(map.slots.data_end, fn, "map.slots.data_end");
   }
   if (reads) require_device_accessible(in, fn, "in");
   require_device_accessible(out, fn, "out");
@@ -1168,9 +1194,10 @@ void dequantize_reduce_requantize(const void* msgs, std::size_t stride, int k, s
   require_device_accessible(out_msg, fn, "out_msg");
   detail::check_workspace<F2>(workspace, workspace_size, n, fn);
   const bool aligned = detail::is_aligned16(msgs) && (k == 1 || stride % 16 == 0);
-  detail::launch_quantize<F2>(detail::ReduceInput<F>{static_cast<const unsigned char*>(msgs), stride, k, n, 0,
-                                                     n, n, detail::PostOp{post_scale, false}, aligned},
-                              out_msg, opt, stream, workspace);
+  detail::launch_quantize<F2>(
+      detail::ReduceInput<F>{static_cast<const unsigned char*>(msgs), stride, k, n, 0, n, n,
+                             detail::PostOp{post_scale, false}, aligned, SlotTable{}, 0},
+      out_msg, opt, stream, workspace);
 }
 
 }  // namespace gpu

@@ -45,8 +45,8 @@ struct TensorShape {
 //! (ShardLayout): every rank gets shard_numel() elements, so shards stay balanced, and a tensor
 //! may span several shards. Every plan that takes a ShardLayout takes a TensorGroup (it converts
 //! to its layout()); a group of one tensor is exactly the flat layout of that tensor (same bytes
-//! on the wire). Device plans take only flat layouts and one-tensor groups for now (a group of
-//! several tensors is rejected at construction). All sizes and offsets are in elements.
+//! on the wire). Device plans take groups too (same bytes as the host plans; they copy the slot
+//! table to device memory once, at construction). All sizes and offsets are in elements.
 class TensorGroup {
  public:
   //! The part of one tensor that lies in one shard.

@@ -55,7 +55,9 @@ struct SourceMap {
   int num_nodes = 1;             //!< N of the qgZ reorder
   int ranks_per_node = 1;        //!< L of the qgZ reorder
   const int* rank_at = nullptr;  //!< N * L ints, row-major [node][local] (Topology::rank_at_table())
-  SlotTable slots{};  //!< a tensor group's slots (ShardLayout::slots(), host memory): padding below numel
+  SlotTable slots{};          //!< a tensor group's slots (host memory for the host plans, device memory for
+                              //!< kernels): padding below numel; slots = 0 for a flat buffer
+  std::size_t slot_base = 0;  //!< global position (in the slots' buffer) of input element 0
 
   //! Identity map: message element i reads input element position0 + i, if below numel.
   static SourceMap identity(std::size_t numel, std::size_t position0 = 0) {
@@ -92,24 +94,26 @@ QCOLL_HOST_DEVICE std::size_t map_position(const SourceMap& m, std::size_t p) {
                             : qgz_source_offset(p, m.shard_numel, m.num_nodes, m.ranks_per_node, m.rank_at);
 }
 
+//! Elements of data at the start of the input run [src, src + count) (a run inside one block):
+//! those below m.numel, and with a tensor group's slots, inside a tensor's data (data_in_slots at
+//! global position slot_base + src). O(1) flat, O(log tensors) grouped.
+QCOLL_HOST_DEVICE std::size_t map_data(const SourceMap& m, std::size_t src, std::size_t count) {
+  std::size_t valid = src >= m.numel ? 0 : (m.numel - src < count ? m.numel - src : count);
+  if (m.slots.slots > 0 && valid > 0) valid = data_in_slots(m.slots, m.slot_base + src, valid);
+  return valid;
+}
+
 //! Source of block b of a message of n elements with `block` elements per block: offset
 //! map_position(position0 + b * block) and valid = min(block, n - b * block, numel - offset),
 //! 0 when offset >= numel, and with a tensor group's slots, at most the data of the block's tensor
-//! from offset on (data_in_slots): the host collectives hand host::detail::quantize_blocks
+//! from offset on (map_data): the host collectives hand host::detail::quantize_blocks
 //! BlockSource{in + offset, valid} for block b, and the device kernels read the same elements.
 //! Blocks never straddle a qgZ shard when shard_numel and position0 are multiples of the block
 //! (the plans and gpu::quantize_mapped require it). O(1).
 QCOLL_HOST_DEVICE MappedBlock map_block(const SourceMap& m, std::size_t b, std::size_t block, std::size_t n) {
   const std::size_t first = b * block;
   const std::size_t src = map_position(m, m.position0 + first);
-  std::size_t valid = n - first < block ? n - first : block;
-  if (src >= m.numel) {
-    valid = 0;
-  } else if (m.numel - src < valid) {
-    valid = m.numel - src;
-  }
-  if (m.slots.slots > 0 && valid > 0) valid = data_in_slots(m.slots, src, valid);
-  return MappedBlock{src, valid};
+  return MappedBlock{src, map_data(m, src, n - first < block ? n - first : block)};
 }
 
 QCOLL_NAMESPACE_END

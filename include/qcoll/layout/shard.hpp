@@ -26,8 +26,9 @@ QCOLL_HOST_DEVICE std::size_t valid_elements_in(std::size_t numel, std::size_t o
 
 //! Where the data of a tensor group's buffer lies: tensor k holds the n_k elements starting at
 //! slot_start[k] (a multiple of the group's granule); the rest of its slot, up to the next tensor's
-//! slot_start, is padding. Starts ascend; an empty tensor's slot has no elements. Host memory;
-//! read through data_in_slots. Built by TensorGroup (layout/group.hpp).
+//! slot_start, is padding. Starts ascend; an empty tensor's slot has no elements. Read through
+//! data_in_slots. Built by TensorGroup (layout/group.hpp) in host memory; a device plan keeps a
+//! device copy for its kernels.
 struct SlotTable {
   const std::size_t* slot_start = nullptr;  //!< first element of tensor k's slot
   const std::size_t* data_end = nullptr;    //!< slot_start[k] + n_k
@@ -62,6 +63,12 @@ QCOLL_HOST_DEVICE std::size_t data_in_slots(const SlotTable& t, std::size_t offs
   const std::size_t end = t.data_end[k - 1];
   if (end <= offset) return 0;
   return end - offset < count ? end - offset : count;
+}
+
+//! True when global position `pos` holds data by the table (always for slots = 0, a flat buffer,
+//! whose tail the caller masks). O(log slots).
+QCOLL_HOST_DEVICE bool is_data_in_slots(const SlotTable& t, std::size_t pos) {
+  return t.slots == 0 || data_in_slots(t, pos, 1) != 0;
 }
 
 namespace detail {
