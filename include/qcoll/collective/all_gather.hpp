@@ -81,7 +81,7 @@ class QuantizedAllGather {
   }
 
  private:
-  struct State;
+  using State = detail::GatherState<Transport, T>;
 
  public:
   //! A started call (host transports): see PendingCall.
@@ -123,13 +123,8 @@ class QuantizedAllGather {
       }
       nonfinite = (flags & kFlagNonFinite) != 0;
     });
-    State st;
-    st.result = detail::agree_on_call(world_, call, err, nonfinite, fn);
-    st.call = call.word[CallIdentity::call];
-    st.tag = call.hash();
-    st.full = full;
-    st.workspace = workspace;
-    st.req = world_.start_all_gather(p.send, p.recv, message_bytes());
+    const std::uint32_t result = detail::agree_on_call(world_, call, err, nonfinite, fn);
+    State st(world_, call, result, full, workspace, p.send, p.recv, message_bytes());
     inflight_.started = st.call;
     return Pending(this, std::move(st));
   }
@@ -154,14 +149,6 @@ class QuantizedAllGather {
   template <class, class>
   friend class PendingCall;
 
-  struct State : detail::PendingState {
-    typename detail::request_of<Transport>::type req;  // the exchange of the messages
-    std::uint32_t result = 0;                          // the agreed non-finite flag
-    std::uint64_t tag = 0;
-    T* full = nullptr;
-    void* workspace = nullptr;
-  };
-
   bool progress_call(State& st) { return !st.req.active() || world_.test(st.req); }
 
   // Waits for the messages and decodes them.
@@ -170,7 +157,7 @@ class QuantizedAllGather {
     if (st.req.active()) world_.wait(st.req);
     const Pieces p = carve(st.workspace);
     const std::size_t S = layout_.shard_numel();
-    T* full = st.full;
+    T* full = st.out;
     if (!rotation_.enabled()) {
       detail::decode_gathered<F>(
           world_.size(), p, message_bytes(), S, full, [this](int q) { return layout_.shard_offset(q); },

@@ -468,6 +468,26 @@ struct PendingState {
   void release() noexcept {}
 };
 
+//! The state of a started host call with one all-gather exchange (the plans' start()): the
+//! exchange, the agreed result, the call's tag, the output and the workspace.
+template <class Transport, class T>
+struct GatherState : PendingState {
+  typename request_of<Transport>::type req;  //!< the exchange of the messages
+  std::uint32_t result = 0;                  //!< the agreed result flags
+  std::uint64_t tag = 0;                     //!< the call's tag (CallIdentity::hash)
+  T* out = nullptr;                          //!< where finish() writes
+  void* workspace = nullptr;
+
+  //! Starts the all-gather of `send` (message_bytes per rank) into `recv` over `t` for `call`.
+  GatherState(Transport& t, const CallIdentity& call, std::uint32_t agreed, T* output, void* ws,
+              const void* send, void* recv, std::size_t message_bytes)
+      : result(agreed), tag(call.hash()), out(output), workspace(ws) {
+    this->call = call.word[CallIdentity::call];
+    req = t.start_all_gather(send, recv, message_bytes);
+  }
+  GatherState() = default;
+};
+
 //! What a plan knows of its started, unfinished host calls (start / finish): the call in flight
 //! and a call whose handle was destroyed unfinished, which the next start reports once.
 struct InFlight {

@@ -123,14 +123,11 @@ class DeltaAllGather {
   template <class, class>
   friend class PendingCall;
 
+  // out: the replica; kind 6 (a difference) or 7 (a resync in format G).
   template <class G>
-  struct State : detail::PendingState {
-    typename detail::request_of<Transport>::type req;  // the exchange of the messages
-    std::uint32_t result = 0;                          // the agreed non-finite flag
-    std::uint64_t tag = 0;
+  struct State : detail::GatherState<Transport, T> {
+    using detail::GatherState<Transport, T>::GatherState;
     int kind = 6;
-    T* replica = nullptr;
-    void* workspace = nullptr;
   };
 
   struct Pieces {
@@ -211,14 +208,9 @@ class DeltaAllGather {
           S, detail::LayoutSource<float, G::block>{p.diff, offset, layout_}, p.send, o);
       nonfinite = (flags & kFlagNonFinite) != 0;
     });
-    State<G> st;
-    st.result = detail::agree_on_call(world_, call, err, nonfinite, fn);
-    st.call = call.word[CallIdentity::call];
-    st.tag = call.hash();
+    const std::uint32_t result = detail::agree_on_call(world_, call, err, nonfinite, fn);
+    State<G> st(world_, call, result, replica, workspace, p.send, p.recv, P);
     st.kind = kind;
-    st.replica = replica;
-    st.workspace = workspace;
-    st.req = world_.start_all_gather(p.send, p.recv, P);
     inflight_.started = st.call;
     return PendingCall<DeltaAllGather, State<G>>(this, std::move(st));
   }
@@ -238,7 +230,7 @@ class DeltaAllGather {
     for (int q = 0; q < world_.size(); ++q) {
       const unsigned char* msg = p.recv + static_cast<std::size_t>(q) * P;
       detail::read_call_header<G>(msg, S, st.tag, fn, "message from a peer");
-      T* out = st.replica + layout_.shard_offset(q);
+      T* out = st.out + layout_.shard_offset(q);
       if (st.kind == 6) {
         host::detail::decode_message<G>(
             msg, S, [out](std::size_t i, float d) { out[i] = from_float<T>(fp::add(to_float(out[i]), d)); },

@@ -107,7 +107,7 @@ class SecondaryShard {
   }
 
  private:
-  struct State;
+  using State = detail::GatherState<SubTransport, T>;
 
  public:
   //! A started gather (host transports): see PendingCall.
@@ -142,12 +142,7 @@ class SecondaryShard {
     // Agreed over the world, so that every node hears of a rank's bad argument or disagreement;
     // the non-finite flag is the node's (what this rank receives), from the message headers.
     detail::agree_on_call(world_, call, err, false, fn);
-    State st;
-    st.call = call.word[CallIdentity::call];
-    st.tag = call.hash();
-    st.full = full;
-    st.workspace = workspace;
-    st.req = intra_.start_all_gather(p.send, p.recv, message_bytes());
+    State st(intra_, call, 0, full, workspace, p.send, p.recv, message_bytes());
     inflight_.started = st.call;
     return Pending(this, std::move(st));
   }
@@ -171,13 +166,6 @@ class SecondaryShard {
   template <class, class>
   friend class PendingCall;
 
-  struct State : detail::PendingState {
-    typename detail::request_of<SubTransport>::type req;  // the intra-node exchange
-    std::uint64_t tag = 0;
-    T* full = nullptr;
-    void* workspace = nullptr;
-  };
-
   bool progress_call(State& st) { return !st.req.active() || intra_.test(st.req); }
 
   // Waits for the node's messages and decodes them.
@@ -185,7 +173,7 @@ class SecondaryShard {
     if (st.req.active()) intra_.wait(st.req);
     const std::size_t S = secondary_.shard_numel(), numel = layout_.numel();
     return detail::decode_gathered<F>(
-        secondary_.parts(), carve(st.workspace), message_bytes(), S, st.full,
+        secondary_.parts(), carve(st.workspace), message_bytes(), S, st.out,
         [this](int j) { return secondary_.shard_offset(j); },
         [&](int j) { return valid_elements_in(numel, secondary_.shard_offset(j), S); }, layout_, st.tag,
         "SecondaryShard::gather", "message from a node peer");
