@@ -342,7 +342,15 @@ QCOLL_AVX2_INLINE void store_f32_lanes(f32x8 v, std::size_t count, unsigned char
 }
 //! Stores the low byte of the first `count` lanes of v.
 QCOLL_AVX2_INLINE void store_u8_lanes(i32x8 v, std::size_t count, unsigned char* p) {
-  for (std::size_t k = 0; k < count; ++k) p[k] = static_cast<unsigned char>(v[k]);
+  if (count == 8) {
+    const i8x32 idx = {0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
+                       0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1};
+    const i32x8 b = (i32x8)__builtin_ia32_pshufb256((i8x32)v, idx);
+    const i32x4 w = __builtin_shufflevector(b, b, 0, 4, 1, 5);
+    std::memcpy(p, &w, 8);
+  } else {
+    for (std::size_t k = 0; k < count; ++k) p[k] = static_cast<unsigned char>(v[k]);
+  }
 }
 
 //! Encoding factors of eight blocks, one lane per block: codes from x * a * b.
@@ -785,6 +793,11 @@ QCOLL_AVX2_INLINE int reduce16(i32x8 v) {
   return reduce<true>(lane_max<true>(v, (i32x8)((u32x8)v >> 16)) & 0xffff);
 }
 
+//! How far ahead of the next group encode_full_run (and absmax_finite) prefetch their input, in
+//! bytes: enough to cover the memory latency at the kernels' rate (with 1 GiB inputs, 2 KiB ran
+//! 15-25% slower and 8 or 16 KiB no faster).
+constexpr std::size_t prefetch_ahead = 4096;
+
 //! Statistics and metas of one group of encode_full_run: its blocks' encode factors and the
 //! blocks holding NaN or ±Inf.
 struct GroupMeta {
@@ -836,7 +849,7 @@ QCOLL_AVX2 inline void encode_full_run(const T* x, std::size_t nblocks, float me
       const std::size_t n2 = nblocks - b - G < G ? nblocks - b - G : G;
       const T* xn = xg + G * F::block;
       for (std::size_t line = 0; line < n2 * F::block * sizeof(T); line += 64)
-        __builtin_prefetch(reinterpret_cast<const char*>(xn + G * F::block) + line);
+        __builtin_prefetch(reinterpret_cast<const char*>(xn) + prefetch_ahead + line);
       next = group_meta<F>(xn, n2, message_scale, meta + (b + G) * F::meta_bytes);
     }
     const T* ptr[G];
@@ -854,7 +867,15 @@ QCOLL_AVX2 inline void encode_full_run(const T* x, std::size_t nblocks, float me
 //! Largest |x| over the finite elements of x[0, n) (0 if none), n a multiple of 16.
 template <class T>
 QCOLL_AVX2 inline float absmax_finite(const T* x, std::size_t n) {
-  i32x8 m = absmax_lanes(x, n);
+  // 64 bytes at a time, prefetching prefetch_ahead bytes ahead
+  constexpr std::size_t step = 64 / sizeof(T);
+  i32x8 m{};
+  std::size_t i = 0;
+  for (; i + step <= n; i += step) {
+    __builtin_prefetch(reinterpret_cast<const char*>(x + i) + prefetch_ahead);
+    m = lane_max<sizeof(T) == 2>(m, absmax_lanes(x + i, step));
+  }
+  if (i < n) m = lane_max<sizeof(T) == 2>(m, absmax_lanes(x + i, n - i));
   const int inf = sizeof(T) == 4 ? 0x7f800000 : std::is_same<T, half>::value ? 0x7c00 : 0x7f80;
   if constexpr (sizeof(T) == 4) {
     const int r = reduce<true>(m);
