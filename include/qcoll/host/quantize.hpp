@@ -128,22 +128,33 @@ struct BlockSource {
   std::size_t valid;
 };
 
-//! Message absmax over finite values, for formats with a per-message scale. Simd: full blocks
-//! through the AVX2 reduction (the caller runs on a processor that has it).
+//! Message absmax over finite values, for formats with a per-message scale. Simd: each run of
+//! full blocks that follow each other in memory goes through one AVX2 reduction (the caller runs
+//! on a processor that has it).
 template <class F, class T, bool Simd = false, class Source>
 inline float message_absmax(std::size_t nblocks, Source&& src) {
   float amax = 0.0f;
-  for (std::size_t b = 0; b < nblocks; ++b) {
+  for (std::size_t b = 0; b < nblocks;) {
     const BlockSource<T> s = src(b);
-    float a = -1.0f;
 #if QCOLL_HOST_AVX2_DISPATCH
     if constexpr (Simd) {
-      if (s.valid == F::block) a = avx2::block_absmax(s.ptr, F::block);
+      static_assert(F::block % 16 == 0, "the AVX2 reduction takes multiples of 16 elements");
+      if (s.valid == F::block) {
+        std::size_t end = b + 1;
+        for (; end < nblocks; ++end) {
+          const BlockSource<T> t = src(end);
+          if (t.valid != F::block || t.ptr != s.ptr + (end - b) * F::block) break;
+        }
+        amax = fp::max(amax, avx2::absmax_finite(s.ptr, (end - b) * F::block));
+        b = end;
+        continue;
+      }
     }
 #endif
-    if (a < 0.0f)
-      a = s.valid == F::block ? block_stats(s.ptr, F::block).absmax : block_stats(s.ptr, s.valid).absmax;
+    const float a =
+        s.valid == F::block ? block_stats(s.ptr, F::block).absmax : block_stats(s.ptr, s.valid).absmax;
     amax = fp::max(amax, a);
+    ++b;
   }
   return amax;
 }
@@ -181,22 +192,43 @@ inline std::uint32_t quantize_blocks_impl(std::size_t n, Source&& src, void* out
   for (std::size_t b = 0; b < nb;) {
 #if QCOLL_HOST_AVX2_DISPATCH
     if constexpr (Simd) {
-      // Groups of full blocks through the kernels; the others (and non-finite blocks) below.
-      constexpr std::size_t group = avx2::group_blocks<F>();
-      const T* ptr[group];
-      std::size_t count = 0;
-      for (; opt.rounding == Rounding::nearest && count < group && b + count < nb; ++count) {
-        const BlockSource<T> s = src(b + count);
-        if (s.valid != F::block) break;
-        ptr[count] = s.ptr;
-      }
-      if (count > 0) {
-        const unsigned left = avx2::encode_full_blocks<F>(ptr, count, mscale, codes + b * L::block_code_bytes,
-                                                          metas + b * F::meta_bytes);
-        for (std::size_t k = 0; k < count; ++k)
-          if (left & (1u << k)) encode(b + k, BlockSource<T>{ptr[k], F::block});
-        b += count;
-        continue;
+      if constexpr (!avx2::Codec<F>::range) {
+        // Runs of full blocks consecutive in memory through the kernels (which hand non-finite
+        // blocks back to encode); the other blocks below.
+        const BlockSource<T> s0 = src(b);
+        std::size_t end = b;
+        if (opt.rounding == Rounding::nearest && s0.valid == F::block) {
+          for (end = b + 1; end < nb; ++end) {
+            const BlockSource<T> t = src(end);
+            if (t.valid != F::block || t.ptr != s0.ptr + (end - b) * F::block) break;
+          }
+        }
+        if (end > b) {
+          avx2::encode_full_run<F>(s0.ptr, end - b, mscale, codes + b * L::block_code_bytes,
+                                   metas + b * F::meta_bytes, [&](std::size_t k) {
+                                     encode(b + k, BlockSource<T>{s0.ptr + k * F::block, F::block});
+                                   });
+          b = end;
+          continue;
+        }
+      } else {
+        // Groups of full blocks through the kernels; the others (and non-finite blocks) below.
+        constexpr std::size_t group = avx2::group_blocks<F>();
+        const T* ptr[group];
+        std::size_t count = 0;
+        for (; opt.rounding == Rounding::nearest && count < group && b + count < nb; ++count) {
+          const BlockSource<T> s = src(b + count);
+          if (s.valid != F::block) break;
+          ptr[count] = s.ptr;
+        }
+        if (count > 0) {
+          const unsigned left = avx2::encode_full_blocks<F>(
+              ptr, count, mscale, codes + b * L::block_code_bytes, metas + b * F::meta_bytes);
+          for (std::size_t k = 0; k < count; ++k)
+            if (left & (1u << k)) encode(b + k, BlockSource<T>{ptr[k], F::block});
+          b += count;
+          continue;
+        }
       }
     }
 #endif
