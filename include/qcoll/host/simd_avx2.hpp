@@ -621,6 +621,7 @@ QCOLL_AVX2_INLINE void decode_codes(const Dec& dec, const DecodeTable<F>& table,
                                     V* out) {
   static_assert(F::block % 16 == 0, "blocks of 16 elements or more");
   for (std::size_t j = 0; j < F::block; j += 16) {
+    __builtin_prefetch(codes + j * F::code_bits / 8 + 1024);  // the hardware prefetchers alone fall behind
     const i32x8 c0 = unpack8<F::code_bits>(codes, j), c1 = unpack8<F::code_bits>(codes, j + 8);
     if constexpr (looks_up<Codec<F>>::value) {
       emit<S>(out + j, dec.template scaled<Sat>(table(c0)), dec.template scaled<Sat>(table(c1)));
@@ -667,6 +668,7 @@ QCOLL_AVX2 inline bool convert_codes(const T* in, std::size_t n, unsigned char* 
   i32x8 bad{};  // lanes of all ones where a code is ±Inf or NaN
   std::size_t i = 0;
   for (; i + 8 <= n; i += 8) {
+    __builtin_prefetch(in + i + 2048 / sizeof(T));
     const f32x8 v = load_exact(in + i);
     if constexpr (std::is_same<W, float>::value) {
       bad |= ((i32x8)v & 0x7fffffff) > 0x7f7fffff;
@@ -713,6 +715,7 @@ template <class W, Sink S, class V>
 QCOLL_AVX2 inline void decode_identity(const unsigned char* in, std::size_t n, V* out) {
   std::size_t i = 0;
   for (; i + 16 <= n; i += 16) {
+    __builtin_prefetch(in + sizeof(W) * i + 2048);  // the hardware prefetchers alone fall behind
     emit<S>(out + i, load_codes<W>(in + sizeof(W) * i), load_codes<W>(in + sizeof(W) * (i + 8)));
   }
   for (; i < n; ++i) {
