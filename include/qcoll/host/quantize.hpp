@@ -252,6 +252,42 @@ QCOLL_AVX2 __attribute__((flatten)) std::uint32_t quantize_blocks_avx2(std::size
 }
 #endif
 
+//! The element type W of Identity<W, Block>.
+template <class F>
+struct identity_element;
+template <class W, std::size_t Block>
+struct identity_element<Identity<W, Block>> {
+  using type = W;
+};
+
+#if QCOLL_HOST_AVX2_DISPATCH
+//! quantize_blocks_impl for an identity format F, its element conversions in AVX2 (the same bytes:
+//! codes are from_float<W>(to_float(x)) whatever the rounding, and a block is non-finite exactly
+//! when one of its codes is ±Inf or NaN).
+template <class F, class T, class Source>
+inline std::uint32_t quantize_identity_avx2(std::size_t n, Source&& src, void* out,
+                                            const QuantizeOptions& opt) {
+  using L = MessageLayout<F>;
+  using W = typename identity_element<F>::type;
+  auto* base = static_cast<unsigned char*>(out);
+  const std::size_t nb = L::blocks(n);
+  const std::size_t codes_end = L::codes_offset + nb * L::block_code_bytes;
+  std::memset(base + sizeof(MessageHeader), 0, L::codes_offset - sizeof(MessageHeader));
+  std::memset(base + codes_end, 0, L::bytes(n) - codes_end);
+  bool bad = false;
+  for (std::size_t b = 0; b < nb; ++b) {
+    const BlockSource<T> s = src(b);
+    unsigned char* codes = base + L::codes_offset + b * L::block_code_bytes;
+    bad |= avx2::convert_codes<W>(s.ptr, s.valid, codes);
+    std::memset(codes + s.valid * sizeof(W), 0, (F::block - s.valid) * sizeof(W));
+  }
+  MessageHeader h = make_header<F>(n, opt.tag);
+  h.flags = bad ? kFlagNonFinite : 0u;
+  std::memcpy(base, &h, sizeof h);
+  return h.flags;
+}
+#endif
+
 //! Writes a message of n elements whose block b reads from src(b) (a BlockSource<T>). The caller
 //! has checked `out` (packed_bytes<F>(n) bytes). Returns the header flags. O(n). On x86-64 it
 //! runs the AVX2 kernels when the processor has AVX2 and F16C.
@@ -261,6 +297,8 @@ inline std::uint32_t quantize_blocks(std::size_t n, Source&& src, void* out, con
   if (avx2::supported()) {
     if constexpr (avx2::has_kernels<F>()) {
       return quantize_blocks_impl<F, T, Source&, true>(n, src, out, opt);
+    } else if constexpr (is_identity_format<F>::value) {
+      return quantize_identity_avx2<F, T>(n, src, out, opt);
     } else {
       return quantize_blocks_avx2<F, T>(n, src, out, opt);
     }
@@ -442,20 +480,18 @@ inline void decode_into_impl(const void* msg, std::size_t n, std::size_t limit, 
     const bool stream = !Acc && limit * sizeof(V) >= (std::size_t{16} << 20) &&
                         reinterpret_cast<std::uintptr_t>(out) % 16 == 0;
     constexpr auto sink = Acc ? avx2::Sink::add : avx2::Sink::store;
-    for (std::size_t b = 0; b < L::blocks(limit); ++b) {
-      const std::size_t first = b * F::block;
-      const unsigned char* codes = base + L::codes_offset + b * L::block_code_bytes;
-      const unsigned char* meta = base + L::metas_offset(n) + b * F::meta_bytes;
-      if (limit - first >= F::block) {
-        if (stream) {
-          avx2::decode_full_block<F, V, avx2::Sink::stream>(codes, meta, mscale, out + first);
-        } else {
-          avx2::decode_full_block<F, V, sink>(codes, meta, mscale, out + first);
-        }
-      } else {
-        decode_block<F>(codes, meta, mscale, limit - first,
-                        [&](std::size_t i, float v) { put(first + i, convert(v)); });
-      }
+    const std::size_t full = limit / F::block;
+    const unsigned char* codes = base + L::codes_offset;
+    const unsigned char* metas = base + L::metas_offset(n);
+    if (stream) {
+      avx2::decode_full_blocks<F, V, avx2::Sink::stream>(codes, metas, mscale, out, full);
+    } else {
+      avx2::decode_full_blocks<F, V, sink>(codes, metas, mscale, out, full);
+    }
+    if (full * F::block < limit) {
+      const std::size_t first = full * F::block;
+      decode_block<F>(codes + full * L::block_code_bytes, metas + full * F::meta_bytes, mscale, limit - first,
+                      [&](std::size_t i, float v) { put(first + i, convert(v)); });
     }
     if (stream) avx2::fence();
   } else
@@ -473,6 +509,21 @@ inline void decode_into(const void* msg, std::size_t n, std::size_t limit, V* ou
 #if QCOLL_HOST_AVX2_DISPATCH
   if constexpr (avx2::has_kernels<F>()) {
     if (avx2::supported()) return decode_into_impl<F, V, Acc, true>(msg, n, limit, out);
+  } else if constexpr (is_identity_format<F>::value) {
+    if (avx2::supported()) {
+      using W = typename identity_element<F>::type;
+      const auto* codes = static_cast<const unsigned char*>(msg) + MessageLayout<F>::codes_offset;
+      if constexpr (Acc) {
+        avx2::decode_identity<W, avx2::Sink::add>(codes, limit, out);
+      } else if (limit * sizeof(V) >= (std::size_t{16} << 20) &&
+                 reinterpret_cast<std::uintptr_t>(out) % 16 == 0) {
+        avx2::decode_identity<W, avx2::Sink::stream>(codes, limit, out);
+        avx2::fence();
+      } else {
+        avx2::decode_identity<W, avx2::Sink::store>(codes, limit, out);
+      }
+      return;
+    }
   } else {
     if (avx2::supported()) {
       return decode_message_as_avx2<F, V>(

@@ -7,9 +7,12 @@
 //! registers (one lane per block after a transposing max tree), their metas are computed lane by
 //! lane, and each block (still in L1) is encoded eight elements at a time and packed to 8, 6 or 4
 //! bits in registers; the asymmetric formats take the scalar make_meta per block. Decoding
-//! unpacks codes straight into 32-bit lanes. Every vector step is the IEEE operation (or integer
-//! bit manipulation) that the format's scalar function performs, in the same order, or one shown
-//! to give the same result (noted where used), so the bytes are those of the portable loops.
+//! unpacks codes straight into 32-bit lanes, looks minifloat codes up in a table of their values
+//! (a permutation for 4-bit codes, a gather otherwise), and writes 16 values at a time,
+//! non-temporally for large outputs. The identity formats (unquantized f32, bf16, f16) have
+//! conversion loops of their own. Every vector step is the IEEE operation (or integer bit
+//! manipulation) that the format's scalar function performs, in the same order, or one shown to
+//! give the same result (noted where used), so the bytes are those of the portable loops.
 //!
 //! Written with the compilers' vector extensions and a few x86 builtins instead of <immintrin.h>,
 //! whose parsing alone would cost every includer about half a second.
@@ -150,24 +153,29 @@ QCOLL_AVX2_INLINE f32x8 load(const half* p) {
   return __builtin_ia32_vcvtph2ps256(h);
 }
 
-//! Stores eight floats as V (rounded to nearest even, NaN as from_float<V>), or adds them to
-//! eight fp32 accumulators.
-QCOLL_AVX2_INLINE void put(float* p, f32x8 v) { std::memcpy(p, &v, sizeof v); }
-QCOLL_AVX2_INLINE void put(bfloat16* p, f32x8 v) {
+//! Eight floats rounded to V = bfloat16 or half (nearest even, NaN as from_float<V>: 0x7fff).
+QCOLL_AVX2_INLINE i16x8 narrow(f32x8 v, const bfloat16*) {
   const u32x8 u = (u32x8)v;
   const i32x8 nan = ((i32x8)u & 0x7fffffff) > 0x7f800000;
   const i32x8 r = sel(nan, splat(0x7fff), (i32x8)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16));
-  const i16x8 h = __builtin_ia32_packusdw128(__builtin_shufflevector(r, r, 0, 1, 2, 3),
-                                             __builtin_shufflevector(r, r, 4, 5, 6, 7));
-  std::memcpy(p, &h, sizeof h);
+  return __builtin_ia32_packusdw128(__builtin_shufflevector(r, r, 0, 1, 2, 3),
+                                    __builtin_shufflevector(r, r, 4, 5, 6, 7));
 }
-QCOLL_AVX2_INLINE void put(half* p, f32x8 v) {
+QCOLL_AVX2_INLINE i16x8 narrow(f32x8 v, const half*) {
   const i32x8 nan = ((i32x8)v & 0x7fffffff) > 0x7f800000;
   const i16x8 n16 = __builtin_ia32_packssdw128(__builtin_shufflevector(nan, nan, 0, 1, 2, 3),
                                                __builtin_shufflevector(nan, nan, 4, 5, 6, 7));
-  const i16x8 h = __builtin_ia32_vcvtps2ph256(v, 0);
-  const i16x8 r = (h & ~n16) | (n16 & 0x7fff);
-  std::memcpy(p, &r, sizeof r);
+  const i16x8 h = __builtin_ia32_vcvtps2ph256(v, 0);  // rounding mode 0: nearest even
+  return (h & ~n16) | (n16 & 0x7fff);
+}
+
+//! Stores eight floats as V (rounded to nearest even, NaN as from_float<V>), or adds them to
+//! eight fp32 accumulators.
+QCOLL_AVX2_INLINE void put(float* p, f32x8 v) { std::memcpy(p, &v, sizeof v); }
+template <class V>
+QCOLL_AVX2_INLINE void put(V* p, f32x8 v) {
+  const i16x8 h = narrow(v, p);
+  std::memcpy(p, &h, sizeof h);
 }
 QCOLL_AVX2_INLINE void accumulate(float* p, f32x8 v) { put(p, load(p) + v); }
 
@@ -175,20 +183,46 @@ QCOLL_AVX2_INLINE void accumulate(float* p, f32x8 v) { put(p, load(p) + v); }
 //! (non-temporal; 16-byte aligned destination, large outputs), or add them to fp32 accumulators.
 enum class Sink { store, stream, add };
 
-//! put(p, v) through a buffer and 16-byte non-temporal stores (p 16-byte aligned).
-template <class V>
-QCOLL_AVX2_INLINE void stream(V* p, f32x8 v) {
-  alignas(32) V tmp[8];
-  put(tmp, v);
-  constexpr std::size_t words = sizeof tmp / 16;
-  for (std::size_t k = 0; k < words; ++k) {
-    i64x2 w;
-    std::memcpy(&w, reinterpret_cast<const unsigned char*>(tmp) + 16 * k, 16);
+//! A 32-byte non-temporal store: one where p is 32-byte aligned, else two 16-byte ones (p 16-byte
+//! aligned). Full 32-byte stores fill the write-combining buffers with half the operations.
+QCOLL_AVX2_INLINE void stream32(void* p, i64x4 w) {
+  if (reinterpret_cast<std::uintptr_t>(p) % 32 == 0) {
 #if defined(__clang__)
-    __builtin_nontemporal_store(w, reinterpret_cast<i64x2*>(p) + k);
+    __builtin_nontemporal_store(w, static_cast<i64x4*>(p));
 #else
-    __builtin_ia32_movntdq(reinterpret_cast<i64x2*>(p) + k, w);
+    __builtin_ia32_movntdq256(static_cast<i64x4*>(p), w);
 #endif
+    return;
+  }
+  i64x2* q = static_cast<i64x2*>(p);
+  const i64x2 lo = __builtin_shufflevector(w, w, 0, 1), hi = __builtin_shufflevector(w, w, 2, 3);
+#if defined(__clang__)
+  __builtin_nontemporal_store(lo, q);
+  __builtin_nontemporal_store(hi, q + 1);
+#else
+  __builtin_ia32_movntdq(q, lo);
+  __builtin_ia32_movntdq(q + 1, hi);
+#endif
+}
+
+//! Sixteen values to p[0, 16): put, stream (non-temporal; p 16-byte aligned) or accumulate, by
+//! sink.
+template <Sink S, class V>
+QCOLL_AVX2_INLINE void emit(V* p, f32x8 v0, f32x8 v1) {
+  if constexpr (S == Sink::add) {
+    accumulate(p, v0);
+    accumulate(p + 8, v1);
+  } else if constexpr (S == Sink::stream) {
+    if constexpr (sizeof(V) == 4) {
+      stream32(p, (i64x4)v0);
+      stream32(p + 8, (i64x4)v1);
+    } else {
+      const i64x2 lo = (i64x2)narrow(v0, p), hi = (i64x2)narrow(v1, p);
+      stream32(p, __builtin_shufflevector(lo, hi, 0, 1, 2, 3));
+    }
+  } else {
+    put(p, v0);
+    put(p + 8, v1);
   }
 }
 
@@ -401,6 +435,36 @@ QCOLL_AVX2_INLINE f32x8 minifloat_decode(i32x8 code) {
   return (f32x8)out;
 }
 
+//! minifloat::decode<E> of every code of E, as a table the decoders look codes up in (filled
+//! with minifloat_decode, so it holds the same values).
+template <class E>
+struct MinifloatTable {
+  static constexpr int codes = 1 << E::bits;
+  alignas(32) int bits[codes < 8 ? 8 : codes];
+  QCOLL_AVX2_INLINE void fill() {
+    for (int c = 0; c < codes; c += 8) {
+      const f32x8 v = minifloat_decode<E>(splat(c) + i32x8{0, 1, 2, 3, 4, 5, 6, 7});
+      std::memcpy(bits + c, &v, sizeof v);
+    }
+  }
+  //! minifloat_decode<E>(code) for codes in [0, 2^E::bits): 4-bit codes by a permutation of the
+  //! eight magnitudes and the sign bit, wider codes by a gather.
+  QCOLL_AVX2_INLINE f32x8 operator()(i32x8 code) const {
+    if constexpr (E::bits == 4) {
+      static_assert(!E::has_nan && !E::has_inf, "4-bit codes: value(c | 8) = -value(c)");
+      f32x8 mag;
+      std::memcpy(&mag, bits, sizeof mag);
+      return (f32x8)((i32x8)__builtin_ia32_permvarsf256(mag, code) | ((code & 8) << 28));
+    } else {
+#if defined(__clang__)
+      return (f32x8)__builtin_ia32_gatherd_d256(i32x8{}, bits, code, splat(-1), 4);
+#else
+      return (f32x8)__builtin_ia32_gathersiv8si(i32x8{}, bits, code, splat(-1), 4);
+#endif
+    }
+  }
+};
+
 // ---- per-format vector codecs ------------------------------------------------------------------
 
 //! detail::mx_make_meta per lane for finite absmax lanes: stores the E8M0 codes of the first
@@ -443,6 +507,8 @@ struct MinifloatCodec {
     }
     QCOLL_AVX2_INLINE i32x8 code(f32x8 y) const { return minifloat_magnitude<E>(y); }
   };
+  //! Codes are decoded by look-up in a MinifloatTable<E> (see Dec::scaled).
+  using Element = E;
   struct Dec {
     // Saturating: scale_value(v * b, a), where v * b is exact (b = 1, or NVFP4's E4M3 block scale,
     // whose NaN makes the block NaN); else v * a * b.
@@ -450,7 +516,11 @@ struct MinifloatCodec {
     bool saturates() const { return Saturating && may_saturate(a, E::has_nan || E::has_inf); }
     template <bool Sat>
     QCOLL_AVX2_INLINE f32x8 apply(i32x8 c) const {
-      const f32x8 v = minifloat_decode<E>(c);
+      return scaled<Sat>(minifloat_decode<E>(c));
+    }
+    //! The value of decoded codes v (minifloat::decode<E>).
+    template <bool Sat>
+    QCOLL_AVX2_INLINE f32x8 scaled(f32x8 v) const {
       if constexpr (Saturating) {
         if (!fp::is_finite(b)) return v * b;
         return scale_value<Sat>(v * b, a);
@@ -903,30 +973,131 @@ QCOLL_AVX2 inline float absmax_finite(const T* x, std::size_t n) {
   }
 }
 
+//! Whether Codec<F> decodes codes by table look-up (minifloat codes).
+template <class C, class = void>
+struct looks_up : std::false_type {};
+template <class C>
+struct looks_up<C, std::void_t<typename C::Element>> : std::true_type {};
+
+//! The look-up table of F's decoder (an empty one for formats that compute their values).
+template <class F, bool = looks_up<Codec<F>>::value>
+struct DecodeTable {
+  QCOLL_AVX2_INLINE void fill() {}
+};
+template <class F>
+struct DecodeTable<F, true> : MinifloatTable<typename Codec<F>::Element> {};
+
 template <class F, Sink S, bool Sat, class Dec, class V>
-QCOLL_AVX2_INLINE void decode_codes(const Dec& dec, const unsigned char* codes, V* out) {
-  for (std::size_t j = 0; j < F::block; j += 8) {
-    const f32x8 v = dec.template apply<Sat>(unpack8<F::code_bits>(codes, j));
-    if constexpr (S == Sink::add) {
-      accumulate(out + j, v);
-    } else if constexpr (S == Sink::stream) {
-      stream(out + j, v);
+QCOLL_AVX2_INLINE void decode_codes(const Dec& dec, const DecodeTable<F>& table, const unsigned char* codes,
+                                    V* out) {
+  static_assert(F::block % 16 == 0, "blocks of 16 elements or more");
+  for (std::size_t j = 0; j < F::block; j += 16) {
+    __builtin_prefetch(codes + j * F::code_bits / 8 + 1024);  // the hardware prefetchers alone fall behind
+    const i32x8 c0 = unpack8<F::code_bits>(codes, j), c1 = unpack8<F::code_bits>(codes, j + 8);
+    if constexpr (looks_up<Codec<F>>::value) {
+      emit<S>(out + j, dec.template scaled<Sat>(table(c0)), dec.template scaled<Sat>(table(c1)));
     } else {
-      put(out + j, v);
+      emit<S>(out + j, dec.template apply<Sat>(c0), dec.template apply<Sat>(c1));
     }
   }
 }
 
-//! Decodes a full block into out[0, F::block) as V, or adds it to fp32 accumulators (Sink::add),
-//! equal to F::decode per element followed by from_float<V> (or fp::add).
+//! Decodes `count` full blocks (codes of block k at codes + k * code bytes, its meta bytes at
+//! meta + k * F::meta_bytes) into out[0, count * F::block) as V, or adds them to fp32
+//! accumulators (Sink::add): equal to F::decode per element followed by from_float<V> (or
+//! fp::add). Sink::stream: out 16-byte aligned. O(count * F::block).
 template <class F, class V, Sink S>
-QCOLL_AVX2 inline void decode_full_block(const unsigned char* codes, const unsigned char* meta,
-                                         float message_scale, V* out) {
-  const auto dec = Codec<F>::dec(F::load_meta(meta, message_scale));
-  if (dec.saturates()) {
-    decode_codes<F, S, true>(dec, codes, out);
+QCOLL_AVX2 inline void decode_full_blocks(const unsigned char* codes, const unsigned char* meta,
+                                          float message_scale, V* out, std::size_t count) {
+  constexpr std::size_t code_bytes = F::block * F::code_bits / 8;
+  DecodeTable<F> table;
+  table.fill();
+  for (std::size_t k = 0; k < count; ++k) {
+    const auto dec = Codec<F>::dec(F::load_meta(meta + k * F::meta_bytes, message_scale));
+    if (dec.saturates()) {
+      decode_codes<F, S, true>(dec, table, codes + k * code_bytes, out + k * F::block);
+    } else {
+      decode_codes<F, S, false>(dec, table, codes + k * code_bytes, out + k * F::block);
+    }
+  }
+}
+
+// ---- identity formats: element type conversions -------------------------------------------------
+
+//! Eight elements widened to float as to_float does: exact, and a half NaN becomes 0x7fffffff.
+QCOLL_AVX2_INLINE f32x8 load_exact(const float* p) { return load(p); }
+QCOLL_AVX2_INLINE f32x8 load_exact(const bfloat16* p) { return load(p); }
+QCOLL_AVX2_INLINE f32x8 load_exact(const half* p) {
+  const f32x8 v = load(p);
+  return sel(((i32x8)v & 0x7fffffff) > 0x7f800000, (f32x8)splat(0x7fffffff), v);
+}
+
+//! Writes from_float<W>(to_float(in[i])) for i in [0, n) to out (W codes, no alignment needed)
+//! and returns whether any of them is ±Inf or NaN (Identity<W>::code_nonfinite). O(n).
+template <class W, class T>
+QCOLL_AVX2 inline bool convert_codes(const T* in, std::size_t n, unsigned char* out) {
+  i32x8 bad{};  // lanes of all ones where a code is ±Inf or NaN
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __builtin_prefetch(in + i + 2048 / sizeof(T));
+    const f32x8 v = load_exact(in + i);
+    if constexpr (std::is_same<W, float>::value) {
+      bad |= ((i32x8)v & 0x7fffffff) > 0x7f7fffff;
+      std::memcpy(out + 4 * i, &v, sizeof v);
+    } else {
+      const i16x8 h = narrow(v, static_cast<const W*>(nullptr));
+      constexpr short inf = std::is_same<W, half>::value ? 0x7c00 : 0x7f80;
+      const i16x8 m = (h & 0x7fff) >= inf;
+      bad |= (i32x8)__builtin_shufflevector(m, m, 0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7);
+      std::memcpy(out + 2 * i, &h, sizeof h);
+    }
+  }
+  const i64x4 q = (i64x4)bad;
+  bool any = (q[0] | q[1] | q[2] | q[3]) != 0;
+  for (; i < n; ++i) {
+    const W w = from_float<W>(to_float(in[i]));
+    std::memcpy(out + sizeof(W) * i, &w, sizeof w);
+    any |= (fp::bits(to_float(w)) & 0x7fffffffu) >= 0x7f800000u;
+  }
+  return any;
+}
+
+//! Eight codes of W at p (no alignment needed) as to_float gives them (load_exact).
+template <class W>
+QCOLL_AVX2_INLINE f32x8 load_codes(const unsigned char* p) {
+  if constexpr (std::is_same<W, float>::value) {
+    f32x8 v;
+    std::memcpy(&v, p, sizeof v);
+    return v;
+  } else if constexpr (std::is_same<W, bfloat16>::value) {
+    return (f32x8)(widen_u16(p) << 16);
   } else {
-    decode_codes<F, S, false>(dec, codes, out);
+    i16x8 h;
+    std::memcpy(&h, p, sizeof h);
+    const f32x8 v = __builtin_ia32_vcvtph2ps256(h);
+    return sel(((i32x8)v & 0x7fffffff) > 0x7f800000, (f32x8)splat(0x7fffffff), v);
+  }
+}
+
+//! Decodes codes of W (in[0, n), no alignment needed) into out[0, n) as V (from_float<V> of
+//! to_float), or adds them to fp32 accumulators (Sink::add). Sink::stream: out 16-byte aligned.
+//! O(n).
+template <class W, Sink S, class V>
+QCOLL_AVX2 inline void decode_identity(const unsigned char* in, std::size_t n, V* out) {
+  std::size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    __builtin_prefetch(in + sizeof(W) * i + 2048);  // the hardware prefetchers alone fall behind
+    emit<S>(out + i, load_codes<W>(in + sizeof(W) * i), load_codes<W>(in + sizeof(W) * (i + 8)));
+  }
+  for (; i < n; ++i) {
+    W w;
+    std::memcpy(&w, in + sizeof(W) * i, sizeof w);
+    const float v = to_float(w);
+    if constexpr (S == Sink::add) {
+      out[i] = fp::add(out[i], v);
+    } else {
+      out[i] = from_float<V>(v);
+    }
   }
 }
 
