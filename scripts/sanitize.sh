@@ -7,7 +7,9 @@
 #                dequantize and dequantize-accumulate on buffers of exactly the sizes passed, the
 #                AVX2 kernels included), which find out-of-bounds accesses better than fixed
 #                cases; compiling test_host_kernels' thousand kernel instantiations with ASan
-#                took more than a third of the sanitizer run;
+#                took more than a third of the sanitizer run. The tree is built with
+#                QCOLL_HOST_AVX2_DISPATCH=0 (the portable loops; the AVX2 kernels are the fuzz
+#                targets' to check), which takes a fifth off every compile that quantizes;
 #   build-tsan/  ThreadSanitizer: the in-process transport and collective unit tests
 #                (unit.test_transport_local, unit.test_collectives, unit.test_overlap), whose
 #                ranks are threads.
@@ -60,6 +62,7 @@ build_targets() {
 
 run_asan() {
   local flags="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer"
+  flags+=" -DQCOLL_HOST_AVX2_DISPATCH=0"  # portable host loops (see the top of this file)
   timed "asan configure" cmake -S "$QCOLL_ROOT" -B "$ASAN_DIR" "${common_args[@]}" \
     "-DCMAKE_CXX_FLAGS=$flags" "-DCMAKE_EXE_LINKER_FLAGS=-fsanitize=address,undefined" >/dev/null
   # Without benchmarks, examples and header tests, `all` is the unit and MPI test executables;
