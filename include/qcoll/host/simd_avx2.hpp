@@ -858,11 +858,6 @@ QCOLL_AVX2 inline unsigned encode_full_blocks(const T* const* x, std::size_t cou
   return skipped;
 }
 
-//! The largest of sixteen 16-bit lanes (non-negative).
-QCOLL_AVX2_INLINE int reduce16(i32x8 v) {
-  return reduce<true>(lane_max<true>(v, (i32x8)((u32x8)v >> 16)) & 0xffff);
-}
-
 //! How far ahead of the next group encode_full_run (and absmax_finite) prefetch their input, in
 //! bytes: enough to cover the memory latency at the kernels' rate (with 1 GiB inputs, 2 KiB ran
 //! 15-25% slower and 8 or 16 KiB no faster).
@@ -957,7 +952,7 @@ QCOLL_AVX2 inline float absmax_finite(const T* x, std::size_t n) {
     }
     return fp::from_bits(static_cast<std::uint32_t>(reduce<true>(m)));
   } else {
-    int r = reduce16(m);
+    int r = reduce_i16<true>((i16x16)m);  // lanes in [0, 0x7fff]
     if (r >= inf) {
       i16x16 w{};
       for (std::size_t i = 0; i < n; i += 16) {
@@ -967,7 +962,7 @@ QCOLL_AVX2 inline float absmax_finite(const T* x, std::size_t n) {
         v &= (v < (short)inf);
         w = v > w ? v : w;
       }
-      r = reduce16((i32x8)w);
+      r = reduce_i16<true>(w);
     }
     return to_float(T{static_cast<std::uint16_t>(r)});
   }
