@@ -455,6 +455,13 @@ inline void decode_message(const void* msg, std::size_t n, Sink&& sink, std::siz
       msg, n, limit, [](float v) { return v; }, sink);
 }
 
+//! Whether a decoder writes out[0, limit) with non-temporal stores: outputs far beyond the caches
+//! (as memcpy does), 16-byte aligned.
+template <class V>
+inline bool stream_output(const V* out, std::size_t limit) {
+  return limit * sizeof(V) >= (std::size_t{16} << 20) && reinterpret_cast<std::uintptr_t>(out) % 16 == 0;
+}
+
 //! Decodes values [0, limit) of a checked message of n elements into out[0, limit) as V
 //! (from_float<V> of each value), or, when Acc (V = float), adds them: out[i] = fp::add(out[i],
 //! value i). Simd: full blocks through the AVX2 kernels (the caller runs on a processor that has
@@ -476,9 +483,7 @@ inline void decode_into_impl(const void* msg, std::size_t n, std::size_t limit, 
     const auto* base = static_cast<const unsigned char*>(msg);
     float mscale = 0.0f;
     if constexpr (has_message_scale<F>) mscale = ::qcoll::detail::load_f32(base + L::message_meta_offset);
-    // Outputs far beyond the caches are written with non-temporal stores (as memcpy does).
-    const bool stream = !Acc && limit * sizeof(V) >= (std::size_t{16} << 20) &&
-                        reinterpret_cast<std::uintptr_t>(out) % 16 == 0;
+    const bool stream = !Acc && stream_output(out, limit);
     constexpr auto sink = Acc ? avx2::Sink::add : avx2::Sink::store;
     const std::size_t full = limit / F::block;
     const unsigned char* codes = base + L::codes_offset;
@@ -515,8 +520,7 @@ inline void decode_into(const void* msg, std::size_t n, std::size_t limit, V* ou
       const auto* codes = static_cast<const unsigned char*>(msg) + MessageLayout<F>::codes_offset;
       if constexpr (Acc) {
         avx2::decode_identity<W, avx2::Sink::add>(codes, limit, out);
-      } else if (limit * sizeof(V) >= (std::size_t{16} << 20) &&
-                 reinterpret_cast<std::uintptr_t>(out) % 16 == 0) {
+      } else if (stream_output(out, limit)) {
         avx2::decode_identity<W, avx2::Sink::stream>(codes, limit, out);
         avx2::fence();
       } else {
