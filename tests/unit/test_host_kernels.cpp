@@ -267,3 +267,64 @@ TEST_CASE_TEMPLATE("large outputs (non-temporal stores) and unaligned outputs de
   host::dequantize<F>(msg.data(), msg.size(), b.data(), n);
   CHECK(std::memcmp(b.data(), bwant.data(), n * sizeof(bfloat16)) == 0);
 }
+
+// Messages no quantizer writes (as a peer's corrupted or hostile bytes may be): every code in
+// blocks whose scales are ±0, subnormal, near the saturation thresholds, huge, ±Inf or NaN (every
+// byte value for 1-byte metas), and several message scales. The decoders must give the scalar
+// reference's values: the FP8 decoders' fp16 conversion path covers finite nonzero scales below
+// 2^100 and must saturate NaN and Inf codes exactly as scale_value does.
+namespace {
+template <class F, class T>
+std::size_t arbitrary_message_mismatches(const std::vector<unsigned char>& msg, std::size_t n) {
+  std::size_t bad = 0;
+  std::vector<T> y(n);
+  host::dequantize<F>(msg.data(), msg.size(), y.data(), n);
+  std::vector<float> acc(n, 1.5f);
+  if constexpr (std::is_same<T, float>::value)
+    host::dequantize_accumulate<F>(msg.data(), msg.size(), acc.data(), n);
+  for (std::size_t i = 0; i < n; ++i) {
+    const float d = ref_decode<F>(msg.data(), n, i);
+    bad += !same(from_float<T>(d), y[i]);
+    if constexpr (std::is_same<T, float>::value) bad += !same(fp::add(1.5f, d), acc[i]);
+  }
+  return bad;
+}
+}  // namespace
+
+TEST_CASE_TEMPLATE("decoders equal the reference on arbitrary codes and scales", F, Int8<256>, Int4<64>,
+                   Fp8E4M3<32>, Fp8E4M3<256>, Fp8E5M2<2048>, MxFp8E4M3, MxFp8E5M2, MxFp6E2M3, MxFp4, MxInt8,
+                   NvFp4) {
+  using L = MessageLayout<F>;
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  const float scales[] = {1.0f,          -1.0f,   0.0f,  -0.0f,  1e-45f,  1e-38f,
+                          0.3f,          -448.0f, 1e30f, -1e30f, 2.5e30f, 1.2676506e30f,
+                          1.2676505e30f, 3.4e38f, inf,   -inf,   nan,     -nan};
+  const std::size_t nb = F::meta_bytes == 1 ? 256 : sizeof(scales) / sizeof(scales[0]);
+  const std::size_t n = nb * F::block - F::block / 2 - 1;  // a partial last block too
+  constexpr std::uint32_t codes = 1u << F::code_bits;
+  const float mscales[] = {1.0f, 3e-3f, 1e-40f, 0.0f, inf, nan};
+  for (float ms : mscales) {
+    if (!has_message_scale<F> && ms != 1.0f) continue;
+    std::vector<unsigned char> msg(packed_bytes<F>(n), 0);
+    const MessageHeader h = make_header<F>(n);
+    std::memcpy(msg.data(), &h, sizeof h);
+    if constexpr (has_message_scale<F>) detail::store_f32(msg.data() + L::message_meta_offset, ms);
+    for (std::size_t b = 0; b < nb; ++b) {
+      unsigned char* meta = msg.data() + L::metas_offset(n) + b * F::meta_bytes;
+      if constexpr (F::meta_bytes == 4) {
+        detail::store_f32(meta, scales[b]);
+      } else {
+        static_assert(F::meta_bytes == 1, "a 1- or 4-byte meta");
+        meta[0] = static_cast<unsigned char>(b);
+      }
+      for (std::size_t e = 0; e < F::block && b * F::block + e < n; ++e)
+        ref_put_code<F>(msg.data() + L::codes_offset + b * L::block_code_bytes, e,
+                        static_cast<std::uint32_t>((e * 7 + b * 3) % codes));
+    }
+    const std::size_t bad = arbitrary_message_mismatches<F, float>(msg, n) +
+                            arbitrary_message_mismatches<F, bfloat16>(msg, n) +
+                            arbitrary_message_mismatches<F, half>(msg, n);
+    INFO("message scale " << ms);
+    CHECK(bad == 0u);
+  }
+}

@@ -110,7 +110,9 @@ template <bool Sat>
 QCOLL_AVX2_INLINE f32x8 scale_value(f32x8 v, float scale) {
   const f32x8 r = v * scale;
   if constexpr (!Sat) return r;
-  return sel(is_finite(r), r, (f32x8)(((i32x8)r & int(0x80000000u)) | 0x7f7fffff));
+  // min(|r|, FLT_MAX) is FLT_MAX for |r| Inf or NaN (minps returns its second operand then)
+  const f32x8 mag = __builtin_ia32_minps256((f32x8)((i32x8)r & 0x7fffffff), (f32x8)splat(0x7f7fffff));
+  return (f32x8)((i32x8)mag | ((i32x8)r & int(0x80000000u)));
 }
 //! Whether scale_value(v, scale) may differ from v * scale for v a decoded code (|v| < 2^16, or
 //! NaN / Inf when the codes have them): only when scale is finite and either large or the codes
@@ -169,6 +171,34 @@ QCOLL_AVX2_INLINE i16x8 narrow(f32x8 v, const half*) {
   return (h & ~n16) | (n16 & 0x7fff);
 }
 
+//! Sixteen floats rounded to bfloat16 or half as narrow() rounds them, in element order in one
+//! vector. NanFree: no lane is NaN (the caller knows), so the NaN fix-up is left out.
+template <bool NanFree>
+QCOLL_AVX2_INLINE i64x4 narrow16(f32x8 v0, f32x8 v1, const bfloat16* p) {
+  if constexpr (!NanFree) {
+    const i64x2 lo = (i64x2)narrow(v0, p), hi = (i64x2)narrow(v1, p);
+    return __builtin_shufflevector(lo, hi, 0, 1, 2, 3);
+  } else {
+    // No NaN, so bits + 0x8000 stays below 2^32 and the results below 2^16 (packusdw keeps them).
+    const u32x8 a = (u32x8)v0, b = (u32x8)v1;
+    const i32x8 ra = (i32x8)((a + 0x7fffu + ((a >> 16) & 1u)) >> 16);
+    const i32x8 rb = (i32x8)((b + 0x7fffu + ((b >> 16) & 1u)) >> 16);
+    const i64x4 q = (i64x4)__builtin_ia32_packusdw256(ra, rb);  // a0-3 b0-3 | a4-7 b4-7
+    return __builtin_shufflevector(q, q, 0, 2, 1, 3);
+  }
+}
+template <bool NanFree>
+QCOLL_AVX2_INLINE i64x4 narrow16(f32x8 v0, f32x8 v1, const half* p) {
+  if constexpr (!NanFree) {
+    const i64x2 lo = (i64x2)narrow(v0, p), hi = (i64x2)narrow(v1, p);
+    return __builtin_shufflevector(lo, hi, 0, 1, 2, 3);
+  } else {
+    const i64x2 lo = (i64x2)__builtin_ia32_vcvtps2ph256(v0, 0),
+                hi = (i64x2)__builtin_ia32_vcvtps2ph256(v1, 0);
+    return __builtin_shufflevector(lo, hi, 0, 1, 2, 3);
+  }
+}
+
 //! Stores eight floats as V (rounded to nearest even, NaN as from_float<V>), or adds them to
 //! eight fp32 accumulators.
 QCOLL_AVX2_INLINE void put(float* p, f32x8 v) { std::memcpy(p, &v, sizeof v); }
@@ -206,23 +236,27 @@ QCOLL_AVX2_INLINE void stream32(void* p, i64x4 w) {
 }
 
 //! Sixteen values to p[0, 16): put, stream (non-temporal; p 16-byte aligned) or accumulate, by
-//! sink.
-template <Sink S, class V>
+//! sink. NanFree: no value is NaN (16-bit V then rounds without the NaN fix-up).
+template <Sink S, bool NanFree = false, class V>
 QCOLL_AVX2_INLINE void emit(V* p, f32x8 v0, f32x8 v1) {
   if constexpr (S == Sink::add) {
     accumulate(p, v0);
     accumulate(p + 8, v1);
-  } else if constexpr (S == Sink::stream) {
-    if constexpr (sizeof(V) == 4) {
+  } else if constexpr (sizeof(V) == 4) {
+    if constexpr (S == Sink::stream) {
       stream32(p, (i64x4)v0);
       stream32(p + 8, (i64x4)v1);
     } else {
-      const i64x2 lo = (i64x2)narrow(v0, p), hi = (i64x2)narrow(v1, p);
-      stream32(p, __builtin_shufflevector(lo, hi, 0, 1, 2, 3));
+      put(p, v0);
+      put(p + 8, v1);
     }
   } else {
-    put(p, v0);
-    put(p + 8, v1);
+    const i64x4 h = narrow16<NanFree>(v0, v1, p);
+    if constexpr (S == Sink::stream) {
+      stream32(p, h);
+    } else {
+      std::memcpy(p, &h, sizeof h);
+    }
   }
 }
 
@@ -514,6 +548,8 @@ struct MinifloatCodec {
     // whose NaN makes the block NaN); else v * a * b.
     float a, b;
     bool saturates() const { return Saturating && may_saturate(a, E::has_nan || E::has_inf); }
+    //! Whether no decoded value can be NaN: finite codes only, and finite factors.
+    bool nan_free() const { return !E::has_nan && !E::has_inf && fp::is_finite(a) && fp::is_finite(b); }
     template <bool Sat>
     QCOLL_AVX2_INLINE f32x8 apply(i32x8 c) const {
       return scaled<Sat>(minifloat_decode<E>(c));
@@ -534,7 +570,8 @@ struct MinifloatCodec {
 template <class E, std::size_t K>
 struct Codec<Fp8Scaled<E, K>> : MinifloatCodec<E, true> {
   using M = typename Fp8Scaled<E, K>::Meta;
-  static constexpr bool has_pre = true;  // a is the Reciprocal's pre factor: 1 unless tiny scale
+  static constexpr bool has_pre = true;   // a is the Reciprocal's pre factor: 1 unless tiny scale
+  static constexpr bool via_half = true;  // decode_codes converts the codes as fp16 (fp8_as_half)
   static typename MinifloatCodec<E, true>::Enc enc(const M& m) { return {m.rcp.pre, m.rcp.inv}; }
   //! make_meta + store_meta of eight blocks (the first `count` stored) from their absmax lanes.
   QCOLL_AVX2_INLINE static EncLanes make_enc(f32x8 amax, float, std::size_t count, unsigned char* meta) {
@@ -602,6 +639,8 @@ struct IntCodec {
   struct Dec {
     float a, b;
     bool saturates() const { return !MxScaled && may_saturate(a, false); }
+    //! Whether no decoded value can be NaN: finite factors (the codes are integers).
+    bool nan_free() const { return fp::is_finite(a) && (!MxScaled || fp::is_finite(b)); }
     template <bool Sat>
     QCOLL_AVX2_INLINE f32x8 apply(i32x8 c) const {
       const f32x8 v = __builtin_convertvector((c << (32 - Bits)) >> (32 - Bits), f32x8);
@@ -664,6 +703,7 @@ struct Codec<AsymmetricInt<B, K>> {
       return __builtin_convertvector(offset + __builtin_convertvector(c, f64x4) * scale, f32x4);
     }
     bool saturates() const { return false; }
+    bool nan_free() const { return false; }  // not worth a second instantiation
     template <bool>
     QCOLL_AVX2_INLINE f32x8 apply(i32x8 c) const {
       const f32x4 lo = half_dec(__builtin_shufflevector(c, c, 0, 1, 2, 3));
@@ -913,8 +953,11 @@ QCOLL_AVX2 inline void encode_full_run(const T* x, std::size_t nblocks, float me
     if (b + G < nblocks) {
       const std::size_t n2 = nblocks - b - G < G ? nblocks - b - G : G;
       const T* xn = xg + G * F::block;
+      // At least one group beyond the next (blocks of 2048: the group is 8 KiB of fp32 input).
+      constexpr std::size_t ahead =
+          prefetch_ahead > G * F::block * sizeof(T) ? prefetch_ahead : G * F::block * sizeof(T);
       for (std::size_t line = 0; line < n2 * F::block * sizeof(T); line += 64)
-        __builtin_prefetch(reinterpret_cast<const char*>(xn) + prefetch_ahead + line);
+        __builtin_prefetch(reinterpret_cast<const char*>(xn) + ahead + line);
       next = group_meta<F>(xn, n2, message_scale, meta + (b + G) * F::meta_bytes);
     }
     const T* ptr[G];
@@ -982,7 +1025,54 @@ struct DecodeTable {
 template <class F>
 struct DecodeTable<F, true> : MinifloatTable<typename Codec<F>::Element> {};
 
-template <class F, Sink S, bool Sat, class Dec, class V>
+//! Whether Codec<F> decodes 8-bit minifloat codes through the fp16 conversion (fp8_as_half).
+template <class C, class = void>
+struct via_half : std::false_type {};
+template <class C>
+struct via_half<C, std::void_t<decltype(C::via_half)>> : std::bool_constant<C::via_half> {};
+
+//! Sixteen FP8 codes of E (E4M3 or E5M2) at p, decoded by the fp16 conversion: E5M2 codes are
+//! the top byte of the fp16 of the same value; an E4M3 magnitude shifted into an fp16 (exponent
+//! bias 15 instead of 7) is its value times 2^-8, subnormals included (the caller multiplies by
+//! 2^8 where it scales). vcvtph2ps is exact and ignores MXCSR.DAZ. NaN codes give a NaN (of
+//! either sign: clamp_product saturates every NaN to +FLT_MAX, as scale_value does the positive
+//! 0x7fffffff of minifloat_decode).
+template <class E>
+QCOLL_AVX2_INLINE void fp8_as_half(const unsigned char* p, f32x8& lo, f32x8& hi) {
+  static_assert(E::bits == 8, "FP8 codes");
+  i8x16 b;
+  std::memcpy(&b, p, sizeof b);
+#if defined(__clang__)
+  typedef unsigned char u8x16 __attribute__((vector_size(16)));
+  const i16x16 w = __builtin_convertvector((u8x16)b, i16x16);
+#else
+  const i16x16 w = (i16x16)__builtin_ia32_pmovzxbw256(b);
+#endif
+  i16x16 h;
+  if constexpr (E::ebits == 5) {
+    static_assert(E::has_nan && E::has_inf && E::max_code == 0x7b, "E5M2: NaN = S.11111.{01,10,11}");
+    h = w << 8;
+  } else {
+    static_assert(E::ebits == 4 && E::has_nan && !E::has_inf && E::max_code == 0x7e,
+                  "E4M3: NaN = S.1111.111");
+    // magnitude bits 14-7, sign bit 15; NaN: all-ones fp16 exponent
+    const i16x16 mag = w & 0x7f;
+    h = (mag << 7) | ((w << 8) & (short)0x8000) | ((mag == 0x7f) & 0x7c00);
+  }
+  lo = __builtin_ia32_vcvtph2ps256(__builtin_shufflevector(h, h, 0, 1, 2, 3, 4, 5, 6, 7));
+  hi = __builtin_ia32_vcvtph2ps256(__builtin_shufflevector(h, h, 8, 9, 10, 11, 12, 13, 14, 15));
+}
+
+//! scale_value<true>(v, scale) for a finite nonzero scale and v decoded by fp8_as_half: v * scale
+//! is ±Inf only for ±Inf codes (|v| <= 57344 and |scale| < 2^100 otherwise) and NaN only for NaN
+//! codes, which scale_value turns into +FLT_MAX (minps returns its second operand, FLT_MAX, for a
+//! NaN of either sign), so clamping to ±FLT_MAX saturates alike.
+QCOLL_AVX2_INLINE f32x8 clamp_product(f32x8 v, float scale) {
+  const float big = 3.40282347e38f;
+  return __builtin_ia32_maxps256(__builtin_ia32_minps256(v * scale, f32x8{} + big), f32x8{} - big);
+}
+
+template <class F, Sink S, bool Sat, bool NanFree, class Dec, class V>
 QCOLL_AVX2_INLINE void decode_codes(const Dec& dec, const DecodeTable<F>& table, const unsigned char* codes,
                                     V* out) {
   static_assert(F::block % 16 == 0, "blocks of 16 elements or more");
@@ -990,10 +1080,25 @@ QCOLL_AVX2_INLINE void decode_codes(const Dec& dec, const DecodeTable<F>& table,
     __builtin_prefetch(codes + j * F::code_bits / 8 + 1024);  // the hardware prefetchers alone fall behind
     const i32x8 c0 = unpack8<F::code_bits>(codes, j), c1 = unpack8<F::code_bits>(codes, j + 8);
     if constexpr (looks_up<Codec<F>>::value) {
-      emit<S>(out + j, dec.template scaled<Sat>(table(c0)), dec.template scaled<Sat>(table(c1)));
+      emit<S, NanFree>(out + j, dec.template scaled<Sat>(table(c0)), dec.template scaled<Sat>(table(c1)));
     } else {
-      emit<S>(out + j, dec.template apply<Sat>(c0), dec.template apply<Sat>(c1));
+      emit<S, NanFree>(out + j, dec.template apply<Sat>(c0), dec.template apply<Sat>(c1));
     }
+  }
+}
+
+//! decode_codes<F, S, true> for FP8 with an fp32 block scale `a`, 0 < |a| < 2^100: codes
+//! converted as fp16 (fp8_as_half), times the scale (E4M3: times 2^8 * a, the same real product, so
+//! the same rounding), saturated (clamp_product). Writes no NaN.
+template <class F, Sink S, class V>
+QCOLL_AVX2_INLINE void decode_fp8_block(float a, const unsigned char* codes, V* out) {
+  using E = typename Codec<F>::Element;
+  const float s = E::ebits == 4 ? a * 256.0f : a;
+  for (std::size_t j = 0; j < F::block; j += 16) {
+    __builtin_prefetch(codes + j + 1024);  // the hardware prefetchers alone fall behind
+    f32x8 v0, v1;
+    fp8_as_half<E>(codes + j, v0, v1);
+    emit<S, true>(out + j, clamp_product(v0, s), clamp_product(v1, s));
   }
 }
 
@@ -1009,10 +1114,25 @@ QCOLL_AVX2 inline void decode_full_blocks(const unsigned char* codes, const unsi
   table.fill();
   for (std::size_t k = 0; k < count; ++k) {
     const auto dec = Codec<F>::dec(F::load_meta(meta + k * F::meta_bytes, message_scale));
-    if (dec.saturates()) {
-      decode_codes<F, S, true>(dec, table, codes + k * code_bytes, out + k * F::block);
+    if constexpr (via_half<Codec<F>>::value) {
+      const float m = fp::abs(dec.a);
+      if (m > 0.0f && m < 1.2676506e30f) {  // 2^100; NaN fails
+        decode_fp8_block<F, S>(dec.a, codes + k * code_bytes, out + k * F::block);
+        continue;
+      }
+    }
+    const unsigned char* c = codes + k * code_bytes;
+    V* o = out + k * F::block;
+    if (sizeof(V) == 2 && S != Sink::add && dec.nan_free()) {
+      if (dec.saturates()) {
+        decode_codes<F, S, true, sizeof(V) == 2>(dec, table, c, o);
+      } else {
+        decode_codes<F, S, false, sizeof(V) == 2>(dec, table, c, o);
+      }
+    } else if (dec.saturates()) {
+      decode_codes<F, S, true, false>(dec, table, c, o);
     } else {
-      decode_codes<F, S, false>(dec, table, codes + k * code_bytes, out + k * F::block);
+      decode_codes<F, S, false, false>(dec, table, c, o);
     }
   }
 }
