@@ -8,11 +8,13 @@
 //! lane, and each block (still in L1) is encoded eight elements at a time and packed to 8, 6 or 4
 //! bits in registers; the asymmetric formats take the scalar make_meta per block. Decoding
 //! unpacks codes straight into 32-bit lanes, looks minifloat codes up in a table of their values
-//! (a permutation for 4-bit codes, a gather otherwise), and writes 16 values at a time,
-//! non-temporally for large outputs. The identity formats (unquantized f32, bf16, f16) have
-//! conversion loops of their own. Every vector step is the IEEE operation (or integer bit
-//! manipulation) that the format's scalar function performs, in the same order, or one shown to
-//! give the same result (noted where used), so the bytes are those of the portable loops.
+//! (a permutation for 4-bit codes, a gather otherwise; FP8 with an fp32 block scale instead goes
+//! through the fp16 conversion), and writes 16 values at a time, non-temporally for large
+//! outputs, rounding 16-bit outputs without the NaN fix-up where no value can be NaN. The
+//! identity formats (unquantized f32, bf16, f16) have conversion loops of their own. Every vector
+//! step is the IEEE operation (or integer bit manipulation) that the format's scalar function
+//! performs, in the same order, or one shown to give the same result (noted where used), so the
+//! bytes are those of the portable loops.
 //!
 //! Written with the compilers' vector extensions and a few x86 builtins instead of <immintrin.h>,
 //! whose parsing alone would cost every includer about half a second.
