@@ -175,26 +175,20 @@ QCOLL_AVX2_INLINE i16x8 narrow(f32x8 v, const half*) {
 
 //! Sixteen floats rounded to bfloat16 or half as narrow() rounds them, in element order in one
 //! vector. NanFree: no lane is NaN (the caller knows), so the NaN fix-up is left out.
-template <bool NanFree>
-QCOLL_AVX2_INLINE i64x4 narrow16(f32x8 v0, f32x8 v1, const bfloat16* p) {
+template <bool NanFree, class V>
+QCOLL_AVX2_INLINE i64x4 narrow16(f32x8 v0, f32x8 v1, const V* p) {
   if constexpr (!NanFree) {
     const i64x2 lo = (i64x2)narrow(v0, p), hi = (i64x2)narrow(v1, p);
     return __builtin_shufflevector(lo, hi, 0, 1, 2, 3);
-  } else {
+  } else if constexpr (std::is_same<V, bfloat16>::value) {
     // No NaN, so bits + 0x8000 stays below 2^32 and the results below 2^16 (packusdw keeps them).
     const u32x8 a = (u32x8)v0, b = (u32x8)v1;
     const i32x8 ra = (i32x8)((a + 0x7fffu + ((a >> 16) & 1u)) >> 16);
     const i32x8 rb = (i32x8)((b + 0x7fffu + ((b >> 16) & 1u)) >> 16);
     const i64x4 q = (i64x4)__builtin_ia32_packusdw256(ra, rb);  // a0-3 b0-3 | a4-7 b4-7
     return __builtin_shufflevector(q, q, 0, 2, 1, 3);
-  }
-}
-template <bool NanFree>
-QCOLL_AVX2_INLINE i64x4 narrow16(f32x8 v0, f32x8 v1, const half* p) {
-  if constexpr (!NanFree) {
-    const i64x2 lo = (i64x2)narrow(v0, p), hi = (i64x2)narrow(v1, p);
-    return __builtin_shufflevector(lo, hi, 0, 1, 2, 3);
   } else {
+    static_assert(std::is_same<V, half>::value, "bfloat16 or half");
     const i64x2 lo = (i64x2)__builtin_ia32_vcvtps2ph256(v0, 0),
                 hi = (i64x2)__builtin_ia32_vcvtps2ph256(v1, 0);
     return __builtin_shufflevector(lo, hi, 0, 1, 2, 3);
