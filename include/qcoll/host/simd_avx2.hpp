@@ -116,11 +116,13 @@ QCOLL_AVX2_INLINE f32x8 scale_value(f32x8 v, float scale) {
   const f32x8 mag = __builtin_ia32_minps256((f32x8)((i32x8)r & 0x7fffffff), (f32x8)splat(0x7f7fffff));
   return (f32x8)((i32x8)mag | ((i32x8)r & int(0x80000000u)));
 }
+//! Scales below this (2^100) in magnitude cannot overflow a finite code (|code value| < 2^16).
+constexpr float small_scale = 1.2676506e30f;
 //! Whether scale_value(v, scale) may differ from v * scale for v a decoded code (|v| < 2^16, or
 //! NaN / Inf when the codes have them): only when scale is finite and either large or the codes
 //! can be non-finite.
 inline bool may_saturate(float scale, bool nonfinite_codes) {
-  return fp::is_finite(scale) && (nonfinite_codes || !(fp::abs(scale) < 1.2676506e30f));  // 2^100
+  return fp::is_finite(scale) && (nonfinite_codes || !(fp::abs(scale) < small_scale));
 }
 
 //! Eight elements as floats (exact widening).
@@ -1112,7 +1114,7 @@ QCOLL_AVX2 inline void decode_full_blocks(const unsigned char* codes, const unsi
     const auto dec = Codec<F>::dec(F::load_meta(meta + k * F::meta_bytes, message_scale));
     if constexpr (via_half<Codec<F>>::value) {
       const float m = fp::abs(dec.a);
-      if (m > 0.0f && m < 1.2676506e30f) {  // 2^100; NaN fails
+      if (m > 0.0f && m < small_scale) {  // NaN fails
         decode_fp8_block<F, S>(dec.a, codes + k * code_bytes, out + k * F::block);
         continue;
       }
