@@ -951,11 +951,8 @@ QCOLL_AVX2 inline void encode_full_run(const T* x, std::size_t nblocks, float me
     if (b + G < nblocks) {
       const std::size_t n2 = nblocks - b - G < G ? nblocks - b - G : G;
       const T* xn = xg + G * F::block;
-      // At least one group beyond the next (blocks of 2048: the group is 8 KiB of fp32 input).
-      constexpr std::size_t ahead =
-          prefetch_ahead > G * F::block * sizeof(T) ? prefetch_ahead : G * F::block * sizeof(T);
       for (std::size_t line = 0; line < n2 * F::block * sizeof(T); line += 64)
-        __builtin_prefetch(reinterpret_cast<const char*>(xn) + ahead + line);
+        __builtin_prefetch(reinterpret_cast<const char*>(xn) + prefetch_ahead + line);
       next = group_meta<F>(xn, n2, message_scale, meta + (b + G) * F::meta_bytes);
     }
     const T* ptr[G];
@@ -1119,13 +1116,15 @@ QCOLL_AVX2 inline void decode_full_blocks(const unsigned char* codes, const unsi
         continue;
       }
     }
+    // NanFree matters to 16-bit outputs only (fp32 outputs keep one instantiation per Sat).
+    constexpr bool narrow16_out = sizeof(V) == 2;
     const unsigned char* c = codes + k * code_bytes;
     V* o = out + k * F::block;
-    if (sizeof(V) == 2 && S != Sink::add && dec.nan_free()) {
+    if (narrow16_out && dec.nan_free()) {
       if (dec.saturates()) {
-        decode_codes<F, S, true, sizeof(V) == 2>(dec, table, c, o);
+        decode_codes<F, S, true, narrow16_out>(dec, table, c, o);
       } else {
-        decode_codes<F, S, false, sizeof(V) == 2>(dec, table, c, o);
+        decode_codes<F, S, false, narrow16_out>(dec, table, c, o);
       }
     } else if (dec.saturates()) {
       decode_codes<F, S, true, false>(dec, table, c, o);
