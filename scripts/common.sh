@@ -4,13 +4,14 @@
 # Environment:
 #   BUILD_DIR         build directory (default: <repo>/build)
 #   JOBS              parallel build jobs (default: 2)
-#   CTEST_JOBS        tests run at once (default: 1; several tests start many threads or ranks)
+#   CTEST_JOBS        tests run at once (default: 2; a test with more ranks than that, PROCESSORS in
+#                     tests/CMakeLists.txt, runs alone)
 #   QCOLL_CMAKE_ARGS  extra arguments for the CMake configure step (word-split)
 
 QCOLL_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BUILD_DIR="${BUILD_DIR:-$QCOLL_ROOT/build}"
 JOBS="${JOBS:-2}"
-CTEST_JOBS="${CTEST_JOBS:-1}"
+CTEST_JOBS="${CTEST_JOBS:-2}"
 
 # Debian packages needed to build and test qcoll. The CUDA toolkit is optional and not installed
 # here; when /usr/local/cuda/bin/nvcc exists the CUDA programs are built as well.
@@ -51,15 +52,22 @@ qcoll_install_packages() {
   "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}"
 }
 
+# Appends `-G Ninja` to the array named $2 when build directory $1 is new and ninja is installed
+# (see qcoll_configure).
+qcoll_generator_args() {
+  local -n qcoll_args_out="$2"
+  if [ ! -f "$1/CMakeCache.txt" ] && command -v ninja >/dev/null 2>&1; then
+    qcoll_args_out+=(-G Ninja)
+  fi
+}
+
 # Configures $BUILD_DIR (Release, compile_commands.json, nvcc from /usr/local/cuda when present).
 # A new build directory uses Ninja where it is installed: it keeps both cores busy across targets,
 # where Make's per-target steps leave one idle for minutes of a full build. An existing build
 # directory keeps the generator it was made with.
 qcoll_configure() {
   local args=(-S "$QCOLL_ROOT" -B "$BUILD_DIR" -DCMAKE_EXPORT_COMPILE_COMMANDS=ON)
-  if [ ! -f "$BUILD_DIR/CMakeCache.txt" ] && command -v ninja >/dev/null 2>&1; then
-    args+=(-G Ninja)
-  fi
+  qcoll_generator_args "$BUILD_DIR" args
   local nvcc=/usr/local/cuda/bin/nvcc
   if [ -x "$nvcc" ] && ! grep -q '^CMAKE_CUDA_COMPILER:' "$BUILD_DIR/CMakeCache.txt" 2>/dev/null; then
     args+=("-DCMAKE_CUDA_COMPILER=$nvcc")

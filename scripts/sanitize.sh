@@ -43,11 +43,16 @@ timed() {
   echo "sanitize: $label took $((SECONDS - start)) s"
 }
 
-# Builds the given targets of a build tree, up to $JOBS at once (make runs the targets named on
-# one command line one after another, and each of these is a single translation unit).
+# Builds the given targets of a build tree, $JOBS compiles at once. Ninja schedules them all in one
+# call; make runs the targets named on one command line one after another (each is a single
+# translation unit), so under make they are started $JOBS at a time.
 build_targets() {
   local dir="$1" target pids=()
   shift
+  if [ -f "$dir/build.ninja" ]; then
+    cmake --build "$dir" -j "$JOBS" --target "$@"
+    return
+  fi
   cmake --build "$dir" --target qcoll_doctest_main
   for target in "$@"; do
     cmake --build "$dir" --target "$target" &
@@ -60,11 +65,19 @@ build_targets() {
   for target in "${pids[@]}"; do wait "$target"; done
 }
 
+# Configures build tree $1 (Ninja when new and installed) with the common arguments and the rest.
+configure() {
+  local dir="$1" args=()
+  shift
+  qcoll_generator_args "$dir" args
+  cmake -S "$QCOLL_ROOT" -B "$dir" "${args[@]}" "${common_args[@]}" "$@" >/dev/null
+}
+
 run_asan() {
   local flags="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer"
   flags+=" -DQCOLL_HOST_AVX2_DISPATCH=0"  # portable host loops (see the top of this file)
-  timed "asan configure" cmake -S "$QCOLL_ROOT" -B "$ASAN_DIR" "${common_args[@]}" \
-    "-DCMAKE_CXX_FLAGS=$flags" "-DCMAKE_EXE_LINKER_FLAGS=-fsanitize=address,undefined" >/dev/null
+  timed "asan configure" configure "$ASAN_DIR" \
+    "-DCMAKE_CXX_FLAGS=$flags" "-DCMAKE_EXE_LINKER_FLAGS=-fsanitize=address,undefined"
   # Without benchmarks, examples and header tests, `all` is the unit and MPI test executables;
   # all of them but unit_test_host_kernels (see the top of this file).
   local targets
@@ -85,8 +98,8 @@ run_asan() {
 }
 
 run_tsan() {
-  timed "tsan configure" cmake -S "$QCOLL_ROOT" -B "$TSAN_DIR" "${common_args[@]}" -DQCOLL_ENABLE_MPI=OFF \
-    "-DCMAKE_CXX_FLAGS=-fsanitize=thread" "-DCMAKE_EXE_LINKER_FLAGS=-fsanitize=thread" >/dev/null
+  timed "tsan configure" configure "$TSAN_DIR" -DQCOLL_ENABLE_MPI=OFF \
+    "-DCMAKE_CXX_FLAGS=-fsanitize=thread" "-DCMAKE_EXE_LINKER_FLAGS=-fsanitize=thread"
   timed "tsan build" build_targets "$TSAN_DIR" unit_test_transport_local unit_test_collectives unit_test_overlap
   TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1" \
     timed "tsan tests" ctest --test-dir "$TSAN_DIR" --output-on-failure -j "$CTEST_JOBS" \
