@@ -31,18 +31,18 @@ constexpr bool valid_block(std::size_t block) {
 }
 
 namespace detail {
-template <template <std::size_t> class F, class Fn>
-decltype(auto) dispatch_block(std::size_t block, Fn&& fn) {
-  switch (block) {
-    case 32: return fn(F<32>{});
-    case 64: return fn(F<64>{});
-    case 128: return fn(F<128>{});
-    case 256: return fn(F<256>{});
-    case 512: return fn(F<512>{});
-    case 1024: return fn(F<1024>{});
-    case 2048: return fn(F<2048>{});
-    case 4096: return fn(F<4096>{});
-    default: return fn(F<8192>{});
+//! A list of block sizes for dispatch_quantized; the last one also takes any other value.
+template <std::size_t... Bs>
+struct BlockSet {};
+using AllBlocks = BlockSet<32, 64, 128, 256, 512, 1024, 2048, 4096, 8192>;
+
+template <template <std::size_t> class F, std::size_t B0, std::size_t... Bs, class Fn>
+decltype(auto) dispatch_block(BlockSet<B0, Bs...>, std::size_t block, Fn&& fn) {
+  if constexpr (sizeof...(Bs) == 0) {
+    return fn(F<B0>{});
+  } else {
+    if (block == B0) return fn(F<B0>{});
+    return dispatch_block<F>(BlockSet<Bs...>{}, block, fn);
   }
 }
 template <std::size_t B>
@@ -51,6 +51,29 @@ template <std::size_t B>
 using IdF16 = Identity<half, B>;
 template <std::size_t B>
 using IdBf16 = Identity<bfloat16, B>;
+
+//! dispatch_format for the quantized formats (ids int8 to nvfp4), with the variable-block formats
+//! instantiated at the blocks of `Set` only; checks nothing (dispatch_format checks its arguments).
+template <class Set, class Fn>
+decltype(auto) dispatch_quantized(FormatId id, std::size_t block, Fn&& fn) {
+  switch (id) {
+    case FormatId::int8: break;
+    case FormatId::int4: return dispatch_block<Int4>(Set{}, block, fn);
+    case FormatId::int8_asym: return dispatch_block<Int8Asym>(Set{}, block, fn);
+    case FormatId::int4_asym: return dispatch_block<Int4Asym>(Set{}, block, fn);
+    case FormatId::fp8_e4m3: return dispatch_block<Fp8E4M3>(Set{}, block, fn);
+    case FormatId::fp8_e5m2: return dispatch_block<Fp8E5M2>(Set{}, block, fn);
+    case FormatId::mxfp8_e4m3: return fn(MxFp8E4M3{});
+    case FormatId::mxfp8_e5m2: return fn(MxFp8E5M2{});
+    case FormatId::mxfp6_e2m3: return fn(MxFp6E2M3{});
+    case FormatId::mxfp6_e3m2: return fn(MxFp6E3M2{});
+    case FormatId::mxfp4: return fn(MxFp4{});
+    case FormatId::mxint8: return fn(MxInt8{});
+    case FormatId::nvfp4: return fn(NvFp4{});
+    default: break;
+  }
+  return dispatch_block<Int8>(Set{}, block, fn);
+}
 }  // namespace detail
 
 //! Calls fn(F{}) with the format type F named by (id, block) and returns its result. `block` is
@@ -69,25 +92,15 @@ decltype(auto) dispatch_format(FormatId id, std::size_t block, Fn&& fn) {
                   "a power of two in [32, 8192]");
   }
   switch (id) {
-    case FormatId::identity_f32: return detail::dispatch_block<detail::IdF32>(block, fn);
-    case FormatId::identity_f16: return detail::dispatch_block<detail::IdF16>(block, fn);
-    case FormatId::identity_bf16: return detail::dispatch_block<detail::IdBf16>(block, fn);
-    case FormatId::int8: return detail::dispatch_block<Int8>(block, fn);
-    case FormatId::int4: return detail::dispatch_block<Int4>(block, fn);
-    case FormatId::int8_asym: return detail::dispatch_block<Int8Asym>(block, fn);
-    case FormatId::int4_asym: return detail::dispatch_block<Int4Asym>(block, fn);
-    case FormatId::fp8_e4m3: return detail::dispatch_block<Fp8E4M3>(block, fn);
-    case FormatId::fp8_e5m2: return detail::dispatch_block<Fp8E5M2>(block, fn);
-    case FormatId::mxfp8_e4m3: return fn(MxFp8E4M3{});
-    case FormatId::mxfp8_e5m2: return fn(MxFp8E5M2{});
-    case FormatId::mxfp6_e2m3: return fn(MxFp6E2M3{});
-    case FormatId::mxfp6_e3m2: return fn(MxFp6E3M2{});
-    case FormatId::mxfp4: return fn(MxFp4{});
-    case FormatId::mxint8: return fn(MxInt8{});
-    case FormatId::nvfp4: return fn(NvFp4{});
+    case FormatId::identity_f32: return detail::dispatch_block<detail::IdF32>(detail::AllBlocks{}, block, fn);
+    case FormatId::identity_f16: return detail::dispatch_block<detail::IdF16>(detail::AllBlocks{}, block, fn);
+    case FormatId::identity_bf16:
+      return detail::dispatch_block<detail::IdBf16>(detail::AllBlocks{}, block, fn);
+    default: break;
   }
-  QCOLL_REQUIRE(false, "dispatch_format", "id", static_cast<int>(id), "is not a", "FormatId");
-  return fn(Int8<>{});
+  QCOLL_REQUIRE(id >= FormatId::int8 && id <= FormatId::nvfp4, "dispatch_format", "id", static_cast<int>(id),
+                "is not a", "FormatId");
+  return detail::dispatch_quantized<detail::AllBlocks>(id, block, fn);
 }
 
 QCOLL_NAMESPACE_END
