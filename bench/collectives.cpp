@@ -921,6 +921,7 @@ std::uint64_t bench_all(Tr& t, const Topology& topo, const Options& o, bool is_m
                       {"#wrong", 7}},
                      false);
   if (root) {
+    if (*bench::quick_build_warning() != '\0') std::printf("# %s\n", bench::quick_build_warning());
     std::printf(
         "# qcoll collectives: transport %s, %d ranks, %d nodes x %d ranks per node, iters %d, warmup %d, "
         "reduce %s, hops %d, block %zu\n",

@@ -487,6 +487,7 @@ int main(int argc, char** argv) {
   table.note(bench::strf("qcoll %d.%d.%d host quantizer benchmark, %s build, compiler %s",
                          QCOLL_VERSION_MAJOR, QCOLL_VERSION_MINOR, QCOLL_VERSION_PATCH, opt_level,
                          __VERSION__));
+  if (*bench::quick_build_warning() != '\0') table.note(bench::quick_build_warning());
   table.note(bench::strf("kernels run with: %s (chosen at run time; the program is compiled for %s)",
                          host::kernel_isa(), build_flags()));
   if (llc.bytes != 0) {

@@ -55,7 +55,7 @@ flags=(-std=c++17 -O1 -g1 -fno-omit-frame-pointer "-fsanitize=fuzzer,address,und
        -fno-sanitize-recover=all -ffp-contract=off -fno-trapping-math -Wall -Wextra -Werror
        -I "$QCOLL_ROOT/include" -I "$QCOLL_ROOT/fuzz")
 start=$SECONDS
-pids=()
+building=0  # compiles running; a new one starts as soon as any ends (wait -n)
 for t in "${targets[@]}"; do
   src="$QCOLL_ROOT/fuzz/fuzz_$t.cpp"
   [ -f "$src" ] || { echo "fuzz: no target $t ($src)" >&2; exit 2; }
@@ -64,14 +64,17 @@ for t in "${targets[@]}"; do
        \( -name '*.hpp' -o -name '*.cpp' \) -print -quit)" ]; then
     echo "fuzz: building fuzz_$t"
     "$FUZZ_CXX" "${flags[@]}" "$src" -o "$FUZZ_DIR/fuzz_$t" &
-    pids+=($!)
-    if ((${#pids[@]} >= JOBS)); then
-      wait "${pids[0]}"
-      pids=("${pids[@]:1}")
+    building=$((building + 1))
+    if ((building >= JOBS)); then
+      wait -n  # a failed compile ends the script (set -e)
+      building=$((building - 1))
     fi
   fi
 done
-for p in "${pids[@]}"; do wait "$p"; done
+while ((building > 0)); do
+  wait -n
+  building=$((building - 1))
+done
 echo "fuzz: built in $((SECONDS - start)) s"
 
 export ASAN_OPTIONS="${ASAN_OPTIONS:-abort_on_error=1:detect_leaks=1}"
