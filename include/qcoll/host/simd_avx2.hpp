@@ -143,6 +143,18 @@ QCOLL_AVX2_INLINE i32x8 widen_u8(const unsigned char* p) {
   return __builtin_ia32_pmovzxbd256((i8x16)(i64x2{w, 0}));
 #endif
 }
+//! Sign-extends 8 bytes to 32-bit lanes (vpmovsxbd).
+QCOLL_AVX2_INLINE i32x8 widen_s8(const unsigned char* p) {
+  long long w;
+  std::memcpy(&w, p, 8);
+#if defined(__clang__)
+  typedef signed char s8x16 __attribute__((vector_size(16)));
+  const s8x16 b = (s8x16)(i64x2{w, 0});
+  return __builtin_convertvector(__builtin_shufflevector(b, b, 0, 1, 2, 3, 4, 5, 6, 7), i32x8);
+#else
+  return __builtin_ia32_pmovsxbd256((i8x16)(i64x2{w, 0}));
+#endif
+}
 QCOLL_AVX2_INLINE i32x8 widen_u16(const void* p) {
   i16x8 h;
   std::memcpy(&h, p, sizeof h);
@@ -650,9 +662,10 @@ struct IntCodec {
     bool saturates() const { return !MxScaled && may_saturate(a, false); }
     //! Whether no decoded value can be NaN: finite factors (the codes are integers).
     bool nan_free() const { return fp::is_finite(a) && (!MxScaled || fp::is_finite(b)); }
+    //! The value of codes c, sign-extended to 32 bits (unpack8<Bits, true>).
     template <bool Sat>
     QCOLL_AVX2_INLINE f32x8 apply(i32x8 c) const {
-      const f32x8 v = __builtin_convertvector((c << (32 - Bits)) >> (32 - Bits), f32x8);
+      const f32x8 v = __builtin_convertvector(c, f32x8);
       if constexpr (MxScaled) {
         return v * 0.015625f * a * b;
       } else {
@@ -777,15 +790,21 @@ QCOLL_AVX2_INLINE void store_codes32(i8x32 c, unsigned char* out) {
   }
 }
 
-//! The eight Bits-bit codes of elements [j, j + 8) of a packed block, one per 32-bit lane.
-template <unsigned Bits>
+//! The eight Bits-bit codes of elements [j, j + 8) of a packed block, one per 32-bit lane: zero-
+//! or (Signed) sign-extended.
+template <unsigned Bits, bool Signed = false>
 QCOLL_AVX2_INLINE i32x8 unpack8(const unsigned char* codes, std::size_t j) {
+  static_assert(!Signed || Bits != 6, "6-bit codes are unsigned");
   if constexpr (Bits == 8) {
-    return widen_u8(codes + j);
+    return Signed ? widen_s8(codes + j) : widen_u8(codes + j);
   } else if constexpr (Bits == 4) {
     std::uint32_t w;
     std::memcpy(&w, codes + j / 2, 4);
-    return (i32x8)(((u32x8{} + w) >> u32x8{0, 4, 8, 12, 16, 20, 24, 28}) & 0xfu);
+    if constexpr (Signed) {  // each code to the top nibble, then back down with its sign
+      return (i32x8)((u32x8{} + w) << u32x8{28, 24, 20, 16, 12, 8, 4, 0}) >> 28;
+    } else {
+      return (i32x8)(((u32x8{} + w) >> u32x8{0, 4, 8, 12, 16, 20, 24, 28}) & 0xfu);
+    }
   } else {
     static_assert(Bits == 6, "codes of 4, 6 or 8 bits");
     // bytes 0-2 (codes 0-3) into each 32-bit lane of the low half, bytes 3-5 into the high half.
@@ -1074,7 +1093,8 @@ QCOLL_AVX2_INLINE void decode_codes(const Dec& dec, const DecodeTable<F>& table,
   static_assert(F::block % 16 == 0, "blocks of 16 elements or more");
   for (std::size_t j = 0; j < F::block; j += 16) {
     __builtin_prefetch(codes + j * F::code_bits / 8 + 1024);  // the hardware prefetchers alone fall behind
-    const i32x8 c0 = unpack8<F::code_bits>(codes, j), c1 = unpack8<F::code_bits>(codes, j + 8);
+    constexpr bool sx = Codec<F>::signed_codes;
+    const i32x8 c0 = unpack8<F::code_bits, sx>(codes, j), c1 = unpack8<F::code_bits, sx>(codes, j + 8);
     if constexpr (looks_up<Codec<F>>::value) {
       emit<S, NanFree>(out + j, dec.template scaled<Sat>(table(c0)), dec.template scaled<Sat>(table(c1)));
     } else {
