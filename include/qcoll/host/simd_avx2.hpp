@@ -131,30 +131,26 @@ QCOLL_AVX2_INLINE f32x8 load(const float* p) {
   std::memcpy(&v, p, sizeof v);
   return v;
 }
-//! Zero-extends 8 bytes or 8 16-bit words to 32-bit lanes (vpmovzxbd / vpmovzxwd).
-QCOLL_AVX2_INLINE i32x8 widen_u8(const unsigned char* p) {
-  long long w;
-  std::memcpy(&w, p, 8);
-#if defined(__clang__)
-  typedef unsigned char u8x16 __attribute__((vector_size(16)));
-  const u8x16 b = (u8x16)(i64x2{w, 0});
-  return __builtin_convertvector(__builtin_shufflevector(b, b, 0, 1, 2, 3, 4, 5, 6, 7), i32x8);
-#else
-  return __builtin_ia32_pmovzxbd256((i8x16)(i64x2{w, 0}));
-#endif
-}
-//! Sign-extends 8 bytes to 32-bit lanes (vpmovsxbd).
-QCOLL_AVX2_INLINE i32x8 widen_s8(const unsigned char* p) {
+//! Zero- or (Signed) sign-extends 8 bytes to 32-bit lanes (vpmovzxbd / vpmovsxbd).
+template <bool Signed>
+QCOLL_AVX2_INLINE i32x8 widen8(const unsigned char* p) {
   long long w;
   std::memcpy(&w, p, 8);
 #if defined(__clang__)
   typedef signed char s8x16 __attribute__((vector_size(16)));
-  const s8x16 b = (s8x16)(i64x2{w, 0});
+  typedef unsigned char u8x16 __attribute__((vector_size(16)));
+  using V = std::conditional_t<Signed, s8x16, u8x16>;
+  const V b = (V)(i64x2{w, 0});
   return __builtin_convertvector(__builtin_shufflevector(b, b, 0, 1, 2, 3, 4, 5, 6, 7), i32x8);
 #else
-  return __builtin_ia32_pmovsxbd256((i8x16)(i64x2{w, 0}));
+  if constexpr (Signed) {
+    return __builtin_ia32_pmovsxbd256((i8x16)(i64x2{w, 0}));
+  } else {
+    return __builtin_ia32_pmovzxbd256((i8x16)(i64x2{w, 0}));
+  }
 #endif
 }
+//! Zero-extends 8 16-bit words to 32-bit lanes (vpmovzxwd).
 QCOLL_AVX2_INLINE i32x8 widen_u16(const void* p) {
   i16x8 h;
   std::memcpy(&h, p, sizeof h);
@@ -796,7 +792,7 @@ template <unsigned Bits, bool Signed = false>
 QCOLL_AVX2_INLINE i32x8 unpack8(const unsigned char* codes, std::size_t j) {
   static_assert(!Signed || Bits != 6, "6-bit codes are unsigned");
   if constexpr (Bits == 8) {
-    return Signed ? widen_s8(codes + j) : widen_u8(codes + j);
+    return widen8<Signed>(codes + j);
   } else if constexpr (Bits == 4) {
     std::uint32_t w;
     std::memcpy(&w, codes + j / 2, 4);
