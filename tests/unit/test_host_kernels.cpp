@@ -282,6 +282,28 @@ TEST_CASE_TEMPLATE("large outputs (non-temporal stores) and unaligned outputs de
   CHECK(std::memcmp(b.data(), bwant.data(), n * sizeof(bfloat16)) == 0);
 }
 
+TEST_CASE_TEMPLATE("large messages (non-temporal code stores) quantize like the portable loops", F, Int8<32>,
+                   Int8<2048>) {
+  // Codes past the 16 MiB above which quantize streams them, a partial last block, and the same
+  // input from a 16-byte aligned and a 4-byte aligned message (which does not stream).
+  const std::size_t n = ((std::size_t{16} << 20) * 8 / F::code_bits) + F::block + 5;
+  const auto x = make_input<bfloat16>(Kind::specials, n, F::block, 5);
+  std::vector<unsigned char> want(packed_bytes<F>(n)), got(want.size() + 4);
+  host::detail::quantize_blocks_impl<F, bfloat16>(
+      n,
+      [&](std::size_t k) {
+        const std::size_t first = k * F::block;
+        return host::detail::BlockSource<bfloat16>{x.data() + first,
+                                                   std::min<std::size_t>(F::block, n - first)};
+      },
+      want.data(), host::QuantizeOptions{});
+  for (std::size_t shift : {0, 4}) {
+    CAPTURE(shift);
+    host::quantize<F>(x.data(), n, got.data() + shift, want.size());
+    CHECK(std::memcmp(got.data() + shift, want.data(), want.size()) == 0);
+  }
+}
+
 // Messages no quantizer writes (as a peer's corrupted or hostile bytes may be): every code in
 // blocks whose scales are ±0, subnormal, near the saturation thresholds, huge, ±Inf or NaN (every
 // byte value for 1-byte metas), and several message scales. The decoders must give the scalar

@@ -120,6 +120,13 @@ inline void decode_block(const unsigned char* codes, const unsigned char* meta, 
   }
 }
 
+//! Whether a kernel writes out[0, limit) with non-temporal stores: outputs far beyond the caches
+//! (as memcpy does), 16-byte aligned.
+template <class V>
+inline bool stream_output(const V* out, std::size_t limit) {
+  return limit * sizeof(V) >= (std::size_t{16} << 20) && reinterpret_cast<std::uintptr_t>(out) % 16 == 0;
+}
+
 //! Where block b of a message reads its input from: `ptr` (element 0 of the block) and how many
 //! elements are valid (the rest of the block is padding).
 template <class T>
@@ -185,6 +192,17 @@ inline std::uint32_t quantize_blocks_impl(std::size_t n, Source&& src, void* out
   bool bad = false;
   unsigned char* const codes = base + L::codes_offset;
   unsigned char* const metas = base + L::metas_offset(n);
+#if QCOLL_HOST_AVX2_DISPATCH
+  // 8-bit integer codes far beyond the caches are written as memcpy writes them, without first
+  // reading their lines (non-temporal stores; fenced below). Their encoding is cheap, so the kernel
+  // is bound by memory traffic. Measured side by side, these stores made no difference beyond the
+  // noise to 4-bit codes and slowed the minifloat encoders, which are bound by arithmetic.
+  bool stream = false;
+  if constexpr (Simd) {
+    if constexpr (avx2::Codec<F>::signed_codes && F::code_bits == 8)
+      stream = stream_output(codes, codes_end - L::codes_offset);
+  }
+#endif
   const auto encode = [&](std::size_t b, const BlockSource<T>& s) {
     bad |= encode_block<F>(s.ptr, s.valid, mscale, opt, opt.index_base + b * F::block,
                            codes + b * L::block_code_bytes, metas + b * F::meta_bytes);
@@ -205,7 +223,7 @@ inline std::uint32_t quantize_blocks_impl(std::size_t n, Source&& src, void* out
         }
         if (end > b) {
           avx2::encode_full_run<F>(s0.ptr, end - b, mscale, codes + b * L::block_code_bytes,
-                                   metas + b * F::meta_bytes, [&](std::size_t k) {
+                                   metas + b * F::meta_bytes, stream, [&](std::size_t k) {
                                      encode(b + k, BlockSource<T>{s0.ptr + k * F::block, F::block});
                                    });
           b = end;
@@ -235,6 +253,9 @@ inline std::uint32_t quantize_blocks_impl(std::size_t n, Source&& src, void* out
     encode(b, src(b));
     ++b;
   }
+#if QCOLL_HOST_AVX2_DISPATCH
+  if (stream) avx2::fence();
+#endif
   MessageHeader h = make_header<F>(n, opt.tag);
   h.flags = bad ? kFlagNonFinite : 0u;
   std::memcpy(base, &h, sizeof h);
@@ -453,13 +474,6 @@ template <class F, class Sink>
 inline void decode_message(const void* msg, std::size_t n, Sink&& sink, std::size_t limit) {
   decode_message_as<F, float>(
       msg, n, limit, [](float v) { return v; }, sink);
-}
-
-//! Whether a decoder writes out[0, limit) with non-temporal stores: outputs far beyond the caches
-//! (as memcpy does), 16-byte aligned.
-template <class V>
-inline bool stream_output(const V* out, std::size_t limit) {
-  return limit * sizeof(V) >= (std::size_t{16} << 20) && reinterpret_cast<std::uintptr_t>(out) % 16 == 0;
 }
 
 //! Decodes values [0, limit) of a checked message of n elements into out[0, limit) as V

@@ -219,6 +219,15 @@ QCOLL_AVX2_INLINE void accumulate(float* p, f32x8 v) { put(p, load(p) + v); }
 //! (non-temporal; 16-byte aligned destination, large outputs), or add them to fp32 accumulators.
 enum class Sink { store, stream, add };
 
+//! A 16-byte non-temporal store (p 16-byte aligned).
+QCOLL_AVX2_INLINE void stream16(void* p, i64x2 w) {
+#if defined(__clang__)
+  __builtin_nontemporal_store(w, static_cast<i64x2*>(p));
+#else
+  __builtin_ia32_movntdq(static_cast<i64x2*>(p), w);
+#endif
+}
+
 //! A 32-byte non-temporal store: one where p is 32-byte aligned, else two 16-byte ones (p 16-byte
 //! aligned). Full 32-byte stores fill the write-combining buffers with half the operations.
 QCOLL_AVX2_INLINE void stream32(void* p, i64x4 w) {
@@ -230,15 +239,8 @@ QCOLL_AVX2_INLINE void stream32(void* p, i64x4 w) {
 #endif
     return;
   }
-  i64x2* q = static_cast<i64x2*>(p);
-  const i64x2 lo = __builtin_shufflevector(w, w, 0, 1), hi = __builtin_shufflevector(w, w, 2, 3);
-#if defined(__clang__)
-  __builtin_nontemporal_store(lo, q);
-  __builtin_nontemporal_store(hi, q + 1);
-#else
-  __builtin_ia32_movntdq(q, lo);
-  __builtin_ia32_movntdq(q + 1, hi);
-#endif
+  stream16(p, __builtin_shufflevector(w, w, 0, 1));
+  stream16(static_cast<unsigned char*>(p) + 16, __builtin_shufflevector(w, w, 2, 3));
 }
 
 //! Sixteen values to p[0, 16): put, stream (non-temporal; p 16-byte aligned) or accumulate, by
@@ -761,10 +763,15 @@ QCOLL_AVX2_INLINE i8x32 signed_bytes32(i32x8 m0, i32x8 m1, i32x8 m2, i32x8 m3, f
 
 //! Writes 32 codes (one per byte of c, in element order, low Bits bits used) as Bits-bit codes:
 //! 32, 24 or 16 bytes (a little-endian bit stream; 4-bit codes two to a byte, element 2k low).
+//! stream: 8-bit codes with non-temporal stores (out 16-byte aligned; the caller fences).
 template <unsigned Bits>
-QCOLL_AVX2_INLINE void store_codes32(i8x32 c, unsigned char* out) {
+QCOLL_AVX2_INLINE void store_codes32(i8x32 c, unsigned char* out, bool stream = false) {
   if constexpr (Bits == 8) {
-    std::memcpy(out, &c, 32);
+    if (stream) {
+      stream32(out, (i64x4)c);
+    } else {
+      std::memcpy(out, &c, 32);
+    }
   } else if constexpr (Bits == 4) {  // byte k = code 2k | code 2k+1 << 4
     const i8x32 f = {1, 16, 1, 16, 1, 16, 1, 16, 1, 16, 1, 16, 1, 16, 1, 16,
                      1, 16, 1, 16, 1, 16, 1, 16, 1, 16, 1, 16, 1, 16, 1, 16};
@@ -850,7 +857,7 @@ QCOLL_AVX2_INLINE i8x32 codes32(const typename C::Enc& e0, const typename C::Enc
 //! `lanes`.
 template <class F, bool One, class T>
 QCOLL_AVX2_INLINE void encode_group(const T* const* x, std::size_t count, const EncLanes& lanes,
-                                    unsigned char* codes) {
+                                    unsigned char* codes, bool stream) {
   using C = Codec<F>;
   using Enc = typename C::Enc;
   constexpr std::size_t code_bytes = F::block * F::code_bits / 8;
@@ -861,7 +868,8 @@ QCOLL_AVX2_INLINE void encode_group(const T* const* x, std::size_t count, const 
       if (k + 1 < count) {
         const Enc e1{lanes.a[k + 1], lanes.b[k + 1]};
         store_codes32<F::code_bits>(
-            codes32<C, One>(e0, e1, load(x[k]), load(x[k] + 8), load(x[k + 1]), load(x[k + 1] + 8)), out);
+            codes32<C, One>(e0, e1, load(x[k]), load(x[k] + 8), load(x[k + 1]), load(x[k + 1] + 8)), out,
+            stream);
       } else {
         alignas(32) unsigned char tmp[32];
         store_codes32<F::code_bits>(codes32<C, One>(e0, e0, load(x[k]), load(x[k] + 8), f32x8{}, f32x8{}),
@@ -877,7 +885,7 @@ QCOLL_AVX2_INLINE void encode_group(const T* const* x, std::size_t count, const 
       for (std::size_t j = 0; j < F::block; j += 32)
         store_codes32<F::code_bits>(
             codes32<C, One>(e, e, load(xk + j), load(xk + j + 8), load(xk + j + 16), load(xk + j + 24)),
-            ck + j * F::code_bits / 8);
+            ck + j * F::code_bits / 8, stream);
     }
   }
 }
@@ -956,10 +964,12 @@ QCOLL_AVX2_INLINE GroupMeta group_meta(const T* x, std::size_t count, float mess
 //! exactly as encode_block does, in groups of group_blocks<F>(): the statistics and metas of the
 //! next group are computed before the current group is encoded, so their latency overlaps the
 //! encoding. Calls redo(k) after the group of block k for each block k holding NaN or ±Inf (its
-//! codes and meta bytes unspecified until then). F without range statistics only.
+//! codes and meta bytes unspecified until then). F without range statistics only. stream: codes
+//! written with non-temporal stores where they are 8 bits (codes 16-byte aligned; the caller
+//! fences).
 template <class F, class T, class Redo>
 QCOLL_AVX2 inline void encode_full_run(const T* x, std::size_t nblocks, float message_scale,
-                                       unsigned char* codes, unsigned char* meta, Redo&& redo) {
+                                       unsigned char* codes, unsigned char* meta, bool stream, Redo&& redo) {
   static_assert(!Codec<F>::range, "range formats go through encode_full_blocks");
   constexpr std::size_t G = group_blocks<F>();
   constexpr std::size_t code_bytes = F::block * F::code_bits / 8;
@@ -977,9 +987,9 @@ QCOLL_AVX2 inline void encode_full_run(const T* x, std::size_t nblocks, float me
     const T* ptr[G];
     for (std::size_t k = 0; k < count; ++k) ptr[k] = xg + k * F::block;
     if (cur.one) {
-      encode_group<F, true>(ptr, count, cur.lanes, codes + b * code_bytes);
+      encode_group<F, true>(ptr, count, cur.lanes, codes + b * code_bytes, stream);
     } else {
-      encode_group<F, false>(ptr, count, cur.lanes, codes + b * code_bytes);
+      encode_group<F, false>(ptr, count, cur.lanes, codes + b * code_bytes, stream);
     }
     for (unsigned s = cur.skipped; s != 0; s &= s - 1) redo(b + static_cast<std::size_t>(__builtin_ctz(s)));
     cur = next;
