@@ -55,6 +55,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <memory>
 #include <string>
 #include <thread>
 #include <type_traits>
@@ -451,12 +452,95 @@ void nccl_ok(ncclResult_t rc, const char* what) {
 }
 #endif
 
-template <class Tr>
-struct is_nccl : std::false_type {};
+// ----------------------------------------------------------------------------------------------
+// The benchmark's one transport type: a cuda_local or NCCL rank behind virtual calls, so that the
+// plans and the benchmark around them are compiled once, not once per transport (their host code
+// is most of this program's compile time). One virtual call per exchange costs nothing next to
+// the exchange. It has the members of the transport concept that the plans and this program use.
+
+class AnyTransport {
+ public:
+  static constexpr qc::MemorySpace memory_space = qc::MemorySpace::device;
+  using stream_type = cudaStream_t;
+
+  //! Wraps `t`, which must outlive this object and every transport split from it.
+  template <class Tr>
+  static AnyTransport borrow(Tr& t) {
+    return AnyTransport(std::make_unique<Model<Tr>>(&t, nullptr));
+  }
+
+  int rank() const { return p_->rank(); }
+  int size() const { return p_->size(); }
+  void all_gather(const void* send, void* recv, std::size_t bytes_per_rank, stream_type stream = {}) {
+    p_->all_gather(send, recv, bytes_per_rank, stream);
+  }
+  void all_to_all(const void* send, void* recv, std::size_t bytes_per_rank, stream_type stream = {}) {
+    p_->all_to_all(send, recv, bytes_per_rank, stream);
+  }
+  void all_reduce(std::uint64_t* data, std::size_t count, qc::ReduceOp op) {
+    p_->all_reduce(data, count, op);
+  }
+  void barrier() { p_->barrier(); }
+  AnyTransport split(int color, int key) { return AnyTransport(p_->split(color, key)); }
+  const qc::ByteCounters& counters() const { return p_->counters(); }
 #if QCOLL_HAVE_NCCL
-template <>
-struct is_nccl<qc::NcclTransport> : std::true_type {};
+  //! The NCCL communicator of an NCCL rank (the reference rows call NCCL directly), else null.
+  ncclComm_t comm() const { return p_->comm(); }
 #endif
+
+ private:
+  struct Concept {
+    virtual ~Concept() = default;
+    virtual int rank() const = 0;
+    virtual int size() const = 0;
+    virtual void all_gather(const void* send, void* recv, std::size_t bytes, cudaStream_t stream) = 0;
+    virtual void all_to_all(const void* send, void* recv, std::size_t bytes, cudaStream_t stream) = 0;
+    virtual void all_reduce(std::uint64_t* data, std::size_t count, qc::ReduceOp op) = 0;
+    virtual void barrier() = 0;
+    virtual std::unique_ptr<Concept> split(int color, int key) = 0;
+    virtual const qc::ByteCounters& counters() const = 0;
+#if QCOLL_HAVE_NCCL
+    virtual ncclComm_t comm() const = 0;
+#endif
+  };
+
+  // A borrowed rank (t) or an owned one (split results: owned holds it, t points to it).
+  template <class Tr>
+  struct Model final : Concept {
+    Model(Tr* borrowed, std::unique_ptr<Tr> own)
+        : t(borrowed != nullptr ? borrowed : own.get()), owned(std::move(own)) {}
+    int rank() const override { return t->rank(); }
+    int size() const override { return t->size(); }
+    void all_gather(const void* send, void* recv, std::size_t bytes, cudaStream_t stream) override {
+      t->all_gather(send, recv, bytes, stream);
+    }
+    void all_to_all(const void* send, void* recv, std::size_t bytes, cudaStream_t stream) override {
+      t->all_to_all(send, recv, bytes, stream);
+    }
+    void all_reduce(std::uint64_t* data, std::size_t count, qc::ReduceOp op) override {
+      t->all_reduce(data, count, op);
+    }
+    void barrier() override { t->barrier(); }
+    std::unique_ptr<Concept> split(int color, int key) override {
+      return std::make_unique<Model>(nullptr, std::make_unique<Tr>(t->split(color, key)));
+    }
+    const qc::ByteCounters& counters() const override { return t->counters(); }
+#if QCOLL_HAVE_NCCL
+    ncclComm_t comm() const override {
+      if constexpr (std::is_same<Tr, qc::NcclTransport>::value) {
+        return t->comm();
+      } else {
+        return nullptr;
+      }
+    }
+#endif
+    Tr* t;
+    std::unique_ptr<Tr> owned;
+  };
+
+  explicit AnyTransport(std::unique_ptr<Concept> p) : p_(std::move(p)) {}
+  std::unique_ptr<Concept> p_;
+};
 
 // ----------------------------------------------------------------------------------------------
 // Formats (compile-time dispatch over the supported set, to bound the instantiations).
@@ -551,8 +635,10 @@ struct Outcome {
 // Set once the CSV title row is out (only rank 0 of one transport run at a time touches it).
 bool csv_titles_printed = false;
 
-template <class T, class Tr>
+template <class T>
 class Bench {
+  using Tr = AnyTransport;
+
  public:
   Bench(Tr& t, const qc::Topology& topo, cudaStream_t stream, const Options& o, const char* transport,
         int ranks_on_device, CheckShare& check)
@@ -854,7 +940,7 @@ class Bench {
       fill(shard.as<T>(), S, o_.seed, layout.shard_offset(t_.rank()), stream_);
       sync();
 #if QCOLL_HAVE_NCCL
-      if constexpr (is_nccl<Tr>::value) {
+      if (t_.comm() != nullptr) {
         nccl_row(
             "all_gather", "ncclAllGather",
             [&] { return ncclAllGather(shard.get(), full.get(), S, nccl_type<T>(), t_.comm(), stream_); },
@@ -924,7 +1010,7 @@ class Bench {
       fill(in.as<T>(), P, input_seed(), 0, stream_);
       sync();
 #if QCOLL_HAVE_NCCL
-      if constexpr (is_nccl<Tr>::value) {
+      if (t_.comm() != nullptr) {
         nccl_row(
             "reduce_scatter", "ncclReduceScatter",
             [&] {
@@ -985,7 +1071,7 @@ class Bench {
       fill(in.as<T>(), P, input_seed(), 0, stream_);
       sync();
 #if QCOLL_HAVE_NCCL
-      if constexpr (is_nccl<Tr>::value) {
+      if (t_.comm() != nullptr) {
         nccl_row(
             "all_reduce", "ncclAllReduce",
             [&] {
@@ -1047,16 +1133,14 @@ class Bench {
   Outcome outcome_;
 };
 
-template <class Tr>
-Outcome bench_typed(Tr& t, const qc::Topology& topo, cudaStream_t stream, const Options& o,
+Outcome bench_typed(AnyTransport& t, const qc::Topology& topo, cudaStream_t stream, const Options& o,
                     const char* transport, int ranks_on_device, CheckShare& check) {
   switch (o.type) {
-    case qc::DType::f32: return Bench<float, Tr>(t, topo, stream, o, transport, ranks_on_device, check).run();
-    case qc::DType::f16:
-      return Bench<qc::half, Tr>(t, topo, stream, o, transport, ranks_on_device, check).run();
+    case qc::DType::f32: return Bench<float>(t, topo, stream, o, transport, ranks_on_device, check).run();
+    case qc::DType::f16: return Bench<qc::half>(t, topo, stream, o, transport, ranks_on_device, check).run();
     case qc::DType::bf16: break;
   }
-  return Bench<qc::bfloat16, Tr>(t, topo, stream, o, transport, ranks_on_device, check).run();
+  return Bench<qc::bfloat16>(t, topo, stream, o, transport, ranks_on_device, check).run();
 }
 
 // ----------------------------------------------------------------------------------------------
@@ -1109,7 +1193,8 @@ Outcome run_cuda_local(const Options& o) {
   Outcome failed;
   ranks.run([&](qc::CudaLocalTransport& t) {
     const qc::Topology topo = qc::Topology::from_node_ids(ids, t.rank());
-    const Outcome f = bench_typed(t, topo, t.stream(), o, "cuda_local", o.ranks, check);
+    AnyTransport any = AnyTransport::borrow(t);
+    const Outcome f = bench_typed(any, topo, t.stream(), o, "cuda_local", o.ranks, check);
     if (t.rank() == 0) failed = f;
   });
   return failed;
@@ -1139,7 +1224,8 @@ Outcome run_nccl(const Options& o, int visible) {
         qc::NcclTransport t(comms[static_cast<std::size_t>(r)], ids);
         const qc::Topology topo = qc::Topology::from_node_ids(ids, t.rank());
         Stream stream;
-        failed[static_cast<std::size_t>(r)] = bench_typed(t, topo, stream.get(), o, "nccl", 1, check);
+        AnyTransport any = AnyTransport::borrow(t);
+        failed[static_cast<std::size_t>(r)] = bench_typed(any, topo, stream.get(), o, "nccl", 1, check);
       } catch (const std::exception& e) {
         // The peers may be blocked in a collective this rank will never join: end the process.
         std::fprintf(stderr, "collectives_device (nccl rank %d): %s\n", r, e.what());
