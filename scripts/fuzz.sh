@@ -4,8 +4,8 @@
 # Usage: bash scripts/fuzz.sh [seconds-per-target] [target ...]
 #        bash scripts/fuzz.sh --make-seeds        # rewrite the committed seed corpus fuzz/corpus/
 #
-#   seconds-per-target  libFuzzer -max_total_time per target (default 40; CI runs the default:
-#                       2 minutes and 40 s of fuzzing in all, two targets at a time with JOBS=2;
+#   seconds-per-target  libFuzzer -max_total_time per target (default 30; CI runs the default:
+#                       2 minutes of fuzzing in all, two targets at a time with JOBS=2;
 #                       a longer run: bash scripts/fuzz.sh 3600)
 #   target              header, decode, host_args, plan (default: all of fuzz/fuzz_*.cpp)
 #
@@ -37,7 +37,7 @@ if [ "${1:-}" = "--make-seeds" ]; then
   exit 0
 fi
 
-seconds="${1:-40}"
+seconds="${1:-30}"
 if ! [[ "$seconds" =~ ^[1-9][0-9]*$ ]]; then
   echo "usage: bash scripts/fuzz.sh [seconds-per-target] [target ...]" >&2
   exit 2
