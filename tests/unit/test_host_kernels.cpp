@@ -328,8 +328,8 @@ std::size_t arbitrary_message_mismatches(const std::vector<unsigned char>& msg, 
 }  // namespace
 
 TEST_CASE_TEMPLATE("decoders equal the reference on arbitrary codes and scales", F, Int8<256>, Int4<64>,
-                   Fp8E4M3<32>, Fp8E4M3<256>, Fp8E5M2<2048>, MxFp8E4M3, MxFp8E5M2, MxFp6E2M3, MxFp4, MxInt8,
-                   NvFp4) {
+                   Fp8E4M3<32>, Fp8E4M3<256>, Fp8E5M2<2048>, MxFp8E4M3, MxFp8E5M2, MxFp6E2M3, MxFp6E3M2,
+                   MxFp4, MxInt8, NvFp4) {
   using L = MessageLayout<F>;
   const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
   const float scales[] = {1.0f,          -1.0f,   0.0f,  -0.0f,  1e-45f,  1e-38f,

@@ -184,10 +184,15 @@ QCOLL_AVX2_INLINE i16x8 narrow(f32x8 v, const half*) {
 }
 
 //! Sixteen floats rounded to bfloat16 or half as narrow() rounds them, in element order in one
-//! vector. NanFree: no lane is NaN (the caller knows), so the NaN fix-up is left out.
-template <bool NanFree, class V>
+//! vector. NanFree: no lane is NaN (the caller knows), so the NaN fix-up is left out. Exact (V =
+//! bfloat16): every lane is a bfloat16 value or the NaN 0x7fffffff (the caller knows), so the
+//! top halves are the results.
+template <bool NanFree, bool Exact = false, class V>
 QCOLL_AVX2_INLINE i64x4 narrow16(f32x8 v0, f32x8 v1, const V* p) {
-  if constexpr (!NanFree) {
+  if constexpr (Exact && std::is_same<V, bfloat16>::value) {
+    const i64x4 q = (i64x4)__builtin_ia32_packusdw256((i32x8)((u32x8)v0 >> 16), (i32x8)((u32x8)v1 >> 16));
+    return __builtin_shufflevector(q, q, 0, 2, 1, 3);
+  } else if constexpr (!NanFree) {
     const i64x2 lo = (i64x2)narrow(v0, p), hi = (i64x2)narrow(v1, p);
     return __builtin_shufflevector(lo, hi, 0, 1, 2, 3);
   } else if constexpr (std::is_same<V, bfloat16>::value) {
@@ -244,8 +249,8 @@ QCOLL_AVX2_INLINE void stream32(void* p, i64x4 w) {
 }
 
 //! Sixteen values to p[0, 16): put, stream (non-temporal; p 16-byte aligned) or accumulate, by
-//! sink. NanFree: no value is NaN (16-bit V then rounds without the NaN fix-up).
-template <Sink S, bool NanFree = false, class V>
+//! sink. NanFree, Exact: as narrow16 takes them, for 16-bit V.
+template <Sink S, bool NanFree = false, bool Exact = false, class V>
 QCOLL_AVX2_INLINE void emit(V* p, f32x8 v0, f32x8 v1) {
   if constexpr (S == Sink::add) {
     accumulate(p, v0);
@@ -259,7 +264,7 @@ QCOLL_AVX2_INLINE void emit(V* p, f32x8 v0, f32x8 v1) {
       put(p + 8, v1);
     }
   } else {
-    const i64x4 h = narrow16<NanFree>(v0, v1, p);
+    const i64x4 h = narrow16<NanFree, Exact>(v0, v1, p);
     if constexpr (S == Sink::stream) {
       stream32(p, h);
     } else {
@@ -1093,15 +1098,60 @@ QCOLL_AVX2_INLINE f32x8 clamp_product(f32x8 v, float scale) {
   return __builtin_ia32_maxps256(__builtin_ia32_minps256(v * scale, f32x8{} + big), f32x8{} - big);
 }
 
-template <class F, Sink S, bool Sat, bool NanFree, class Dec, class V>
+//! Sixteen 6-bit minifloat codes (c0, c1: one per 32-bit lane, sign in bit 5; every code finite)
+//! converted as fp16: the magnitude bits placed in an fp16 give the value times 2^(E::bias - 15),
+//! subnormals included. Exact.
+template <class E>
+QCOLL_AVX2_INLINE void fp6_as_half(i32x8 c0, i32x8 c1, f32x8& lo, f32x8& hi) {
+  static_assert(E::bits == 6 && !E::has_nan && !E::has_inf, "finite 6-bit codes");
+  const i64x4 p = (i64x4)__builtin_ia32_packusdw256(c0, c1);  // c0 0-3, c1 0-3 | c0 4-7, c1 4-7
+  const i16x16 w = (i16x16)__builtin_shufflevector(p, p, 0, 2, 1, 3);
+  const i16x16 h = ((w & 0x1f) << (10 - E::mbits)) | ((w << 10) & (short)0x8000);
+  lo = __builtin_ia32_vcvtph2ps256(__builtin_shufflevector(h, h, 0, 1, 2, 3, 4, 5, 6, 7));
+  hi = __builtin_ia32_vcvtph2ps256(__builtin_shufflevector(h, h, 8, 9, 10, 11, 12, 13, 14, 15));
+}
+
+//! MX formats with 8- or 6-bit minifloat elements: decode_codes converts their codes as fp16
+//! (fp8_as_half, fp6_as_half; exact) rather than looking them up, which takes a gather per eight
+//! codes.
+template <class F>
+struct mx_via_half : std::false_type {};
+template <class E>
+struct mx_via_half<MxFloat<E>> : std::bool_constant<E::bits == 8 || E::bits == 6> {};
+
+//! minifloat_decode<E> of codes from their fp16 conversion v (fp8_as_half, fp6_as_half): v times
+//! 2^(15 - E::bias) for E4M3 and the 6-bit elements (exact), every NaN as the positive 0x7fffffff.
+template <class E>
+QCOLL_AVX2_INLINE f32x8 half_value(f32x8 v) {
+  constexpr int shift = E::bits == 8 && E::ebits == 5 ? 0 : 15 - E::bias;
+  if constexpr (shift != 0) v = v * static_cast<float>(1 << shift);
+  if constexpr (E::has_nan) v = sel(((i32x8)v & 0x7fffffff) > 0x7f800000, (f32x8)splat(0x7fffffff), v);
+  return v;
+}
+
+template <class F, Sink S, bool Sat, bool NanFree, bool Exact = false, class Dec, class V>
 QCOLL_AVX2_INLINE void decode_codes(const Dec& dec, const DecodeTable<F>& table, const unsigned char* codes,
                                     V* out) {
   static_assert(F::block % 16 == 0, "blocks of 16 elements or more");
   for (std::size_t j = 0; j < F::block; j += 16) {
     __builtin_prefetch(codes + j * F::code_bits / 8 + 1024);  // the hardware prefetchers alone fall behind
+    if constexpr (mx_via_half<F>::value && F::code_bits == 8) {
+      using E = typename Codec<F>::Element;
+      f32x8 v0, v1;
+      fp8_as_half<E>(codes + j, v0, v1);
+      emit<S, NanFree, Exact>(out + j, dec.template scaled<Sat>(half_value<E>(v0)),
+                              dec.template scaled<Sat>(half_value<E>(v1)));
+      continue;
+    }
     constexpr bool sx = Codec<F>::signed_codes;
     const i32x8 c0 = unpack8<F::code_bits, sx>(codes, j), c1 = unpack8<F::code_bits, sx>(codes, j + 8);
-    if constexpr (looks_up<Codec<F>>::value) {
+    if constexpr (mx_via_half<F>::value && F::code_bits == 6) {
+      using E = typename Codec<F>::Element;
+      f32x8 v0, v1;
+      fp6_as_half<E>(c0, c1, v0, v1);
+      emit<S, NanFree, Exact>(out + j, dec.template scaled<Sat>(half_value<E>(v0)),
+                              dec.template scaled<Sat>(half_value<E>(v1)));
+    } else if constexpr (looks_up<Codec<F>>::value) {
       emit<S, NanFree>(out + j, dec.template scaled<Sat>(table(c0)), dec.template scaled<Sat>(table(c1)));
     } else {
       emit<S, NanFree>(out + j, dec.template apply<Sat>(c0), dec.template apply<Sat>(c1));
@@ -1128,6 +1178,19 @@ QCOLL_AVX2_INLINE void decode_fp8_block(float a, const unsigned char* codes, V* 
 //! meta + k * F::meta_bytes) into out[0, count * F::block) as V, or adds them to fp32
 //! accumulators (Sink::add): equal to F::decode per element followed by from_float<V> (or
 //! fp::add). Sink::stream: out 16-byte aligned. O(count * F::block).
+//! Whether an MX block's products v * a * b (v an element value of E, a and b the block's decode
+//! factors) narrow to bfloat16 exactly: a and b finite, and the least nonzero |v| times |a|, and
+//! times |a * b|, normal. Every product is then exact, with at most 4 significant bits, and 0,
+//! normal or ±Inf; NaN codes give 0x7fffffff (half_value). O(1).
+template <class E>
+inline bool mx_narrows_exactly(float a, float b) {
+  static_assert(E::mbits <= 3, "at most 4 significant bits");
+  constexpr double least = 1.0 / static_cast<double>(1ull << (E::bias + E::mbits - 1));
+  const double x = least * static_cast<double>(fp::abs(a));
+  return fp::is_finite(a) && fp::is_finite(b) && x >= 0x1p-126 &&
+         x * static_cast<double>(fp::abs(b)) >= 0x1p-126;
+}
+
 template <class F, class V, Sink S>
 QCOLL_AVX2 inline void decode_full_blocks(const unsigned char* codes, const unsigned char* meta,
                                           float message_scale, V* out, std::size_t count) {
@@ -1147,6 +1210,12 @@ QCOLL_AVX2 inline void decode_full_blocks(const unsigned char* codes, const unsi
     constexpr bool narrow16_out = sizeof(V) == 2;
     const unsigned char* c = codes + k * code_bytes;
     V* o = out + k * F::block;
+    if constexpr (mx_via_half<F>::value && std::is_same<V, bfloat16>::value) {
+      if (mx_narrows_exactly<typename Codec<F>::Element>(dec.a, dec.b)) {  // MX never saturates
+        decode_codes<F, S, false, true, true>(dec, table, c, o);
+        continue;
+      }
+    }
     if (narrow16_out && dec.nan_free()) {
       if (dec.saturates()) {
         decode_codes<F, S, true, narrow16_out>(dec, table, c, o);
