@@ -34,11 +34,11 @@ class UsageError : public std::runtime_error {
   explicit UsageError(const std::string& what) : std::runtime_error(what) {}
 };
 
-//! A header line for a benchmark built with QCOLL_BENCH_QUICK_BUILD (host code at -O1, for builds
+//! A header line for a benchmark built with QCOLL_BENCH_QUICK_BUILD (host code at -O0, for builds
 //! that only check that it compiles), else "".
 inline const char* quick_build_warning() {
 #if defined(QCOLL_BENCH_QUICK_BUILD) && QCOLL_BENCH_QUICK_BUILD
-  return "WARNING: built with QCOLL_BENCH_QUICK_BUILD (-O1): these figures are not representative";
+  return "WARNING: built with QCOLL_BENCH_QUICK_BUILD (-O0): these figures are not representative";
 #else
   return "";
 #endif
