@@ -1174,10 +1174,6 @@ QCOLL_AVX2_INLINE void decode_fp8_block(float a, const unsigned char* codes, V* 
   }
 }
 
-//! Decodes `count` full blocks (codes of block k at codes + k * code bytes, its meta bytes at
-//! meta + k * F::meta_bytes) into out[0, count * F::block) as V, or adds them to fp32
-//! accumulators (Sink::add): equal to F::decode per element followed by from_float<V> (or
-//! fp::add). Sink::stream: out 16-byte aligned. O(count * F::block).
 //! Whether an MX block's products v * a * b (v an element value of E, a and b the block's decode
 //! factors) narrow to bfloat16 exactly: a and b finite, and the least nonzero |v| times |a|, and
 //! times |a * b|, normal. Every product is then exact, with at most 4 significant bits, and 0,
@@ -1191,6 +1187,10 @@ inline bool mx_narrows_exactly(float a, float b) {
          x * static_cast<double>(fp::abs(b)) >= 0x1p-126;
 }
 
+//! Decodes `count` full blocks (codes of block k at codes + k * code bytes, its meta bytes at
+//! meta + k * F::meta_bytes) into out[0, count * F::block) as V, or adds them to fp32
+//! accumulators (Sink::add): equal to F::decode per element followed by from_float<V> (or
+//! fp::add). Sink::stream: out 16-byte aligned. O(count * F::block).
 template <class F, class V, Sink S>
 QCOLL_AVX2 inline void decode_full_blocks(const unsigned char* codes, const unsigned char* meta,
                                           float message_scale, V* out, std::size_t count) {
