@@ -466,7 +466,7 @@ class AnyTransport {
   //! Wraps `t`, which must outlive this object and every transport split from it.
   template <class Tr>
   static AnyTransport borrow(Tr& t) {
-    return AnyTransport(std::make_unique<Model<Tr>>(&t, nullptr));
+    return AnyTransport(std::make_unique<Model<Tr>>(t));
   }
 
   int rank() const { return p_->rank(); }
@@ -504,11 +504,11 @@ class AnyTransport {
 #endif
   };
 
-  // A borrowed rank (t) or an owned one (split results: owned holds it, t points to it).
+  // A borrowed rank, or an owned one (split results), at t.
   template <class Tr>
   struct Model final : Concept {
-    Model(Tr* borrowed, std::unique_ptr<Tr> own)
-        : t(borrowed != nullptr ? borrowed : own.get()), owned(std::move(own)) {}
+    explicit Model(Tr& borrowed) : t(&borrowed) {}
+    explicit Model(Tr&& split) : owned(std::make_unique<Tr>(std::move(split))), t(owned.get()) {}
     int rank() const override { return t->rank(); }
     int size() const override { return t->size(); }
     void all_gather(const void* send, void* recv, std::size_t bytes, cudaStream_t stream) override {
@@ -522,7 +522,7 @@ class AnyTransport {
     }
     void barrier() override { t->barrier(); }
     std::unique_ptr<Concept> split(int color, int key) override {
-      return std::make_unique<Model>(nullptr, std::make_unique<Tr>(t->split(color, key)));
+      return std::make_unique<Model>(t->split(color, key));
     }
     const qc::ByteCounters& counters() const override { return t->counters(); }
 #if QCOLL_HAVE_NCCL
@@ -534,8 +534,8 @@ class AnyTransport {
       }
     }
 #endif
+    std::unique_ptr<Tr> owned;  // null when borrowed
     Tr* t;
-    std::unique_ptr<Tr> owned;
   };
 
   explicit AnyTransport(std::unique_ptr<Concept> p) : p_(std::move(p)) {}

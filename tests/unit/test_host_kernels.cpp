@@ -161,6 +161,19 @@ bool same(const T& a, const T& b) {
   return std::memcmp(&a, &b, sizeof(T)) == 0;
 }
 
+// The portable loops (what runs without AVX2) quantizing x into out (packed_bytes<F>(x.size())).
+template <class F, class T>
+void portable_quantize(const std::vector<T>& x, void* out, const host::QuantizeOptions& opt) {
+  const std::size_t n = x.size();
+  host::detail::quantize_blocks_impl<F, T>(
+      n,
+      [&](std::size_t k) {
+        const std::size_t first = k * F::block;
+        return host::detail::BlockSource<T>{x.data() + first, std::min<std::size_t>(F::block, n - first)};
+      },
+      out, opt);
+}
+
 // Counts mismatches of every host path against the reference for one (F, T).
 template <class F, class T>
 std::size_t mismatches(std::string& where) {
@@ -188,14 +201,7 @@ std::size_t mismatches(std::string& where) {
         if (got != want) note("quantize");
         // The portable loops (what runs without AVX2) against the same reference.
         std::vector<unsigned char> port(want.size(), 0xCD);
-        host::detail::quantize_blocks_impl<F, T>(
-            n,
-            [&](std::size_t k) {
-              const std::size_t first = k * F::block;
-              return host::detail::BlockSource<T>{x.data() + first,
-                                                  std::min<std::size_t>(F::block, n - first)};
-            },
-            port.data(), opt);
+        portable_quantize<F>(x, port.data(), opt);
         if (port != want) note("portable quantize");
         // Decoding: to T, accumulated into fp32, and the collectives' slice decoder (zeroed tail).
         std::vector<T> y(n), z(n + 3), yp(n);
@@ -289,14 +295,7 @@ TEST_CASE_TEMPLATE("large messages (non-temporal code stores) quantize like the 
   const std::size_t n = ((std::size_t{16} << 20) * 8 / F::code_bits) + F::block + 5;
   const auto x = make_input<bfloat16>(Kind::specials, n, F::block, 5);
   std::vector<unsigned char> want(packed_bytes<F>(n)), got(want.size() + 4);
-  host::detail::quantize_blocks_impl<F, bfloat16>(
-      n,
-      [&](std::size_t k) {
-        const std::size_t first = k * F::block;
-        return host::detail::BlockSource<bfloat16>{x.data() + first,
-                                                   std::min<std::size_t>(F::block, n - first)};
-      },
-      want.data(), host::QuantizeOptions{});
+  portable_quantize<F>(x, want.data(), host::QuantizeOptions{});
   for (std::size_t shift : {0, 4}) {
     CAPTURE(shift);
     host::quantize<F>(x.data(), n, got.data() + shift, want.size());

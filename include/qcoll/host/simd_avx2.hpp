@@ -183,25 +183,31 @@ QCOLL_AVX2_INLINE i16x8 narrow(f32x8 v, const half*) {
   return (h & ~n16) | (n16 & 0x7fff);
 }
 
+//! The lanes of a, then of b (each in [0, 2^16)), as sixteen 16-bit words in lane order (vpackusdw
+//! interleaves the 128-bit halves; the shuffle puts them back).
+QCOLL_AVX2_INLINE i64x4 pack_u16(i32x8 a, i32x8 b) {
+  const i64x4 q = (i64x4)__builtin_ia32_packusdw256(a, b);  // a0-3 b0-3 | a4-7 b4-7
+  return __builtin_shufflevector(q, q, 0, 2, 1, 3);
+}
+
 //! Sixteen floats rounded to bfloat16 or half as narrow() rounds them, in element order in one
 //! vector. NanFree: no lane is NaN (the caller knows), so the NaN fix-up is left out. Exact (V =
-//! bfloat16): every lane is a bfloat16 value or the NaN 0x7fffffff (the caller knows), so the
-//! top halves are the results.
+//! bfloat16 only): every lane is a bfloat16 value or the NaN 0x7fffffff (the caller knows), so the
+//! top halves are the results, with no rounding.
 template <bool NanFree, bool Exact = false, class V>
 QCOLL_AVX2_INLINE i64x4 narrow16(f32x8 v0, f32x8 v1, const V* p) {
-  if constexpr (Exact && std::is_same<V, bfloat16>::value) {
-    const i64x4 q = (i64x4)__builtin_ia32_packusdw256((i32x8)((u32x8)v0 >> 16), (i32x8)((u32x8)v1 >> 16));
-    return __builtin_shufflevector(q, q, 0, 2, 1, 3);
-  } else if constexpr (!NanFree) {
+  static_assert(!Exact || std::is_same<V, bfloat16>::value, "Exact: bfloat16 outputs");
+  if constexpr (!NanFree && !Exact) {
     const i64x2 lo = (i64x2)narrow(v0, p), hi = (i64x2)narrow(v1, p);
     return __builtin_shufflevector(lo, hi, 0, 1, 2, 3);
   } else if constexpr (std::is_same<V, bfloat16>::value) {
     // No NaN, so bits + 0x8000 stays below 2^32 and the results below 2^16 (packusdw keeps them).
-    const u32x8 a = (u32x8)v0, b = (u32x8)v1;
-    const i32x8 ra = (i32x8)((a + 0x7fffu + ((a >> 16) & 1u)) >> 16);
-    const i32x8 rb = (i32x8)((b + 0x7fffu + ((b >> 16) & 1u)) >> 16);
-    const i64x4 q = (i64x4)__builtin_ia32_packusdw256(ra, rb);  // a0-3 b0-3 | a4-7 b4-7
-    return __builtin_shufflevector(q, q, 0, 2, 1, 3);
+    u32x8 a = (u32x8)v0, b = (u32x8)v1;
+    if constexpr (!Exact) {
+      a = a + 0x7fffu + ((a >> 16) & 1u);
+      b = b + 0x7fffu + ((b >> 16) & 1u);
+    }
+    return pack_u16((i32x8)(a >> 16), (i32x8)(b >> 16));
   } else {
     static_assert(std::is_same<V, half>::value, "bfloat16 or half");
     const i64x2 lo = (i64x2)__builtin_ia32_vcvtps2ph256(v0, 0),
@@ -1043,8 +1049,17 @@ struct looks_up : std::false_type {};
 template <class C>
 struct looks_up<C, std::void_t<typename C::Element>> : std::true_type {};
 
-//! The look-up table of F's decoder (an empty one for formats that compute their values).
-template <class F, bool = looks_up<Codec<F>>::value>
+//! MX formats with 8- or 6-bit minifloat elements: decode_codes converts their codes as fp16
+//! (fp8_as_half, fp6_as_half; exact) rather than looking them up, which takes a gather per eight
+//! codes.
+template <class F>
+struct mx_via_half : std::false_type {};
+template <class E>
+struct mx_via_half<MxFloat<E>> : std::bool_constant<E::bits == 8 || E::bits == 6> {};
+
+//! The look-up table of F's decoder (an empty one for formats that compute their values or convert
+//! them as fp16).
+template <class F, bool = looks_up<Codec<F>>::value && !mx_via_half<F>::value>
 struct DecodeTable {
   QCOLL_AVX2_INLINE void fill() {}
 };
@@ -1104,20 +1119,11 @@ QCOLL_AVX2_INLINE f32x8 clamp_product(f32x8 v, float scale) {
 template <class E>
 QCOLL_AVX2_INLINE void fp6_as_half(i32x8 c0, i32x8 c1, f32x8& lo, f32x8& hi) {
   static_assert(E::bits == 6 && !E::has_nan && !E::has_inf, "finite 6-bit codes");
-  const i64x4 p = (i64x4)__builtin_ia32_packusdw256(c0, c1);  // c0 0-3, c1 0-3 | c0 4-7, c1 4-7
-  const i16x16 w = (i16x16)__builtin_shufflevector(p, p, 0, 2, 1, 3);
+  const i16x16 w = (i16x16)pack_u16(c0, c1);
   const i16x16 h = ((w & 0x1f) << (10 - E::mbits)) | ((w << 10) & (short)0x8000);
   lo = __builtin_ia32_vcvtph2ps256(__builtin_shufflevector(h, h, 0, 1, 2, 3, 4, 5, 6, 7));
   hi = __builtin_ia32_vcvtph2ps256(__builtin_shufflevector(h, h, 8, 9, 10, 11, 12, 13, 14, 15));
 }
-
-//! MX formats with 8- or 6-bit minifloat elements: decode_codes converts their codes as fp16
-//! (fp8_as_half, fp6_as_half; exact) rather than looking them up, which takes a gather per eight
-//! codes.
-template <class F>
-struct mx_via_half : std::false_type {};
-template <class E>
-struct mx_via_half<MxFloat<E>> : std::bool_constant<E::bits == 8 || E::bits == 6> {};
 
 //! minifloat_decode<E> of codes from their fp16 conversion v (fp8_as_half, fp6_as_half): v times
 //! 2^(15 - E::bias) for E4M3 and the 6-bit elements (exact), every NaN as the positive 0x7fffffff.
@@ -1135,26 +1141,24 @@ QCOLL_AVX2_INLINE void decode_codes(const Dec& dec, const DecodeTable<F>& table,
   static_assert(F::block % 16 == 0, "blocks of 16 elements or more");
   for (std::size_t j = 0; j < F::block; j += 16) {
     __builtin_prefetch(codes + j * F::code_bits / 8 + 1024);  // the hardware prefetchers alone fall behind
-    if constexpr (mx_via_half<F>::value && F::code_bits == 8) {
-      using E = typename Codec<F>::Element;
-      f32x8 v0, v1;
-      fp8_as_half<E>(codes + j, v0, v1);
-      emit<S, NanFree, Exact>(out + j, dec.template scaled<Sat>(half_value<E>(v0)),
-                              dec.template scaled<Sat>(half_value<E>(v1)));
-      continue;
-    }
     constexpr bool sx = Codec<F>::signed_codes;
-    const i32x8 c0 = unpack8<F::code_bits, sx>(codes, j), c1 = unpack8<F::code_bits, sx>(codes, j + 8);
-    if constexpr (mx_via_half<F>::value && F::code_bits == 6) {
+    if constexpr (mx_via_half<F>::value) {
       using E = typename Codec<F>::Element;
       f32x8 v0, v1;
-      fp6_as_half<E>(c0, c1, v0, v1);
+      if constexpr (F::code_bits == 8) {
+        fp8_as_half<E>(codes + j, v0, v1);
+      } else {
+        fp6_as_half<E>(unpack8<6, sx>(codes, j), unpack8<6, sx>(codes, j + 8), v0, v1);
+      }
       emit<S, NanFree, Exact>(out + j, dec.template scaled<Sat>(half_value<E>(v0)),
                               dec.template scaled<Sat>(half_value<E>(v1)));
-    } else if constexpr (looks_up<Codec<F>>::value) {
-      emit<S, NanFree>(out + j, dec.template scaled<Sat>(table(c0)), dec.template scaled<Sat>(table(c1)));
     } else {
-      emit<S, NanFree>(out + j, dec.template apply<Sat>(c0), dec.template apply<Sat>(c1));
+      const i32x8 c0 = unpack8<F::code_bits, sx>(codes, j), c1 = unpack8<F::code_bits, sx>(codes, j + 8);
+      if constexpr (looks_up<Codec<F>>::value) {
+        emit<S, NanFree>(out + j, dec.template scaled<Sat>(table(c0)), dec.template scaled<Sat>(table(c1)));
+      } else {
+        emit<S, NanFree>(out + j, dec.template apply<Sat>(c0), dec.template apply<Sat>(c1));
+      }
     }
   }
 }
