@@ -1159,6 +1159,7 @@ void print_device(int dev) {
   std::printf("# device %d: %s, sm_%d%d, %d SMs, %s\n", dev, prop.name, prop.major, prop.minor,
               prop.multiProcessorCount,
               bench::format_bytes(static_cast<double>(prop.totalGlobalMem)).c_str());
+  if (*bench::quick_build_warning() != '\0') std::printf("# %s\n", bench::quick_build_warning());
 }
 
 void print_setup(const Options& o, const char* transport, int world, int nodes) {

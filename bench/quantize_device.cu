@@ -24,6 +24,8 @@
 
 #include <qcoll/cuda/quantize.cuh>
 
+#include "bench_util.hpp"
+
 namespace {
 
 namespace qc = qcoll;
@@ -203,6 +205,7 @@ int main(int argc, char** argv) {
 
     std::printf("# device %d: %s, sm_%d%d, %d SMs\n", dev, prop.name, prop.major, prop.minor,
                 prop.multiProcessorCount);
+    if (*qc::bench::quick_build_warning() != '\0') std::printf("# %s\n", qc::bench::quick_build_warning());
     if (c.peak > 0) {
       std::printf("# peak memory bandwidth %.1f GB/s (2 x memory clock x bus width)\n", c.peak / 1e9);
     } else {
