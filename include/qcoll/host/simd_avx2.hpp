@@ -350,13 +350,14 @@ constexpr std::size_t prefetch_ahead = 4096;
 //! Prefetches prefetch_ahead bytes ahead, one line per 64 bytes read: the statistics pass is the
 //! one that reads the input from memory. Prefetches issued in the loop, rather than a burst of
 //! them ahead of a block, keep quantize at block 2048 as fast as at block 32 (a burst of 128 ran
-//! 5-13% slower).
-template <class T>
+//! 5-13% slower). Prefetch = false: none, for a pass that only reads (absmax_finite), where the
+//! hardware prefetchers keep up and software prefetches only slow it.
+template <class T, bool Prefetch = true>
 QCOLL_AVX2_INLINE i32x8 absmax_lanes(const T* x, std::size_t n) {
   if constexpr (sizeof(T) == 4) {
     i32x8 m0{}, m1{};
     for (std::size_t i = 0; i < n; i += 16) {
-      __builtin_prefetch(reinterpret_cast<const char*>(x + i) + prefetch_ahead);
+      if (Prefetch) __builtin_prefetch(reinterpret_cast<const char*>(x + i) + prefetch_ahead);
       m0 = vmax((i32x8)load(x + i) & 0x7fffffff, m0);
       m1 = vmax((i32x8)load(x + i + 8) & 0x7fffffff, m1);
     }
@@ -364,7 +365,7 @@ QCOLL_AVX2_INLINE i32x8 absmax_lanes(const T* x, std::size_t n) {
   } else {
     i16x16 m{};
     for (std::size_t i = 0; i < n; i += 16) {
-      if (i % 32 == 0) __builtin_prefetch(reinterpret_cast<const char*>(x + i) + prefetch_ahead);
+      if (Prefetch && i % 32 == 0) __builtin_prefetch(reinterpret_cast<const char*>(x + i) + prefetch_ahead);
       i16x16 v;
       std::memcpy(&v, x + i, sizeof v);
       v &= 0x7fff;
@@ -1010,12 +1011,12 @@ QCOLL_AVX2 inline void encode_full_run(const T* x, std::size_t nblocks, float me
 //! Largest |x| over the finite elements of x[0, n) (0 if none), n a multiple of 16.
 template <class T>
 QCOLL_AVX2 inline float absmax_finite(const T* x, std::size_t n) {
-  // 64 bytes at a time (absmax_lanes prefetches ahead)
+  // 64 bytes at a time
   constexpr std::size_t step = 64 / sizeof(T);
   i32x8 m{};
   std::size_t i = 0;
-  for (; i + step <= n; i += step) m = lane_max<sizeof(T) == 2>(m, absmax_lanes(x + i, step));
-  if (i < n) m = lane_max<sizeof(T) == 2>(m, absmax_lanes(x + i, n - i));
+  for (; i + step <= n; i += step) m = lane_max<sizeof(T) == 2>(m, absmax_lanes<T, false>(x + i, step));
+  if (i < n) m = lane_max<sizeof(T) == 2>(m, absmax_lanes<T, false>(x + i, n - i));
   const int inf = sizeof(T) == 4 ? 0x7f800000 : std::is_same<T, half>::value ? 0x7c00 : 0x7f80;
   if constexpr (sizeof(T) == 4) {
     const int r = reduce<true>(m);
