@@ -357,7 +357,7 @@ QCOLL_AVX2_INLINE i32x8 absmax_lanes(const T* x, std::size_t n) {
   if constexpr (sizeof(T) == 4) {
     i32x8 m0{}, m1{};
     for (std::size_t i = 0; i < n; i += 16) {
-      if (Prefetch) __builtin_prefetch(reinterpret_cast<const char*>(x + i) + prefetch_ahead);
+      if constexpr (Prefetch) __builtin_prefetch(reinterpret_cast<const char*>(x + i) + prefetch_ahead);
       m0 = vmax((i32x8)load(x + i) & 0x7fffffff, m0);
       m1 = vmax((i32x8)load(x + i + 8) & 0x7fffffff, m1);
     }
