@@ -34,14 +34,18 @@ class UsageError : public std::runtime_error {
   explicit UsageError(const std::string& what) : std::runtime_error(what) {}
 };
 
-//! A header line for a benchmark built with QCOLL_BENCH_QUICK_BUILD (host code at -O0, for builds
-//! that only check that it compiles), else "".
-inline const char* quick_build_warning() {
-#if defined(QCOLL_BENCH_QUICK_BUILD) && QCOLL_BENCH_QUICK_BUILD
-  return "WARNING: built with QCOLL_BENCH_QUICK_BUILD (-O0): these figures are not representative";
-#else
-  return "";
+#ifndef QCOLL_BENCH_QUICK_BUILD
+#define QCOLL_BENCH_QUICK_BUILD 0
 #endif
+//! True in a build with QCOLL_BENCH_QUICK_BUILD (host code at -O0, for builds that only check that
+//! the benchmarks compile; the device benchmark then has f32 only).
+inline constexpr bool kQuickBuild = QCOLL_BENCH_QUICK_BUILD != 0;
+
+//! A header line for a benchmark built with QCOLL_BENCH_QUICK_BUILD, else "".
+inline const char* quick_build_warning() {
+  return kQuickBuild ? "WARNING: built with QCOLL_BENCH_QUICK_BUILD (-O0, f32 input only): these figures are "
+                       "not representative"
+                     : "";
 }
 
 //! Splits "a,b,c" at `sep`; empty items are dropped.

@@ -48,6 +48,30 @@ if(QCOLL_ENABLE_CUDA)
   find_package(CUDAToolkit REQUIRED)
 endif()
 
+# QCOLL_CUDA_COMPILE_ONLY: for builds that compile CUDA code on a machine that cannot run it
+# (.ci/run): every .cu program (GPU tests, examples, header tests, device benchmarks) with its
+# host half at -O0 and its device code assembled by ptxas at -O0 (cicc still optimizes). The
+# programs still run correctly, only slower. Measured with nvcc --time on tests/gpu/test_kernels.cu:
+# gcc on the host half 34 s at -O1, 19 s at -O0; ptxas 15 + 18 s at -O3, 9 + 11 s at -O0; cicc
+# 28 + 28 s either way. The emulated GPU tests (tests/emu) still compile the same sources with
+# the host compiler at -O1 and -Werror. nvcc's -O is the host half's optimization; nvcc puts its
+# own -O after any -Xcompiler=-O and takes the last of several -O with a warning, so the -O of the
+# configuration's flags is replaced, at directory scope, before any program's directory is added.
+# The benchmarks' quick build (QCOLL_BENCH_QUICK_BUILD) does the same for bench/ alone.
+option(QCOLL_CUDA_COMPILE_ONLY "Compile qcoll's CUDA programs for a machine that does not run them: host half and ptxas at -O0" OFF)
+macro(qcoll_cuda_unoptimized)
+  foreach(config IN ITEMS RELEASE RELWITHDEBINFO MINSIZEREL DEBUG)
+    string(REGEX REPLACE "(^| )-O[0-9s]" "" CMAKE_CUDA_FLAGS_${config} "${CMAKE_CUDA_FLAGS_${config}}")
+    string(APPEND CMAKE_CUDA_FLAGS_${config} " -O0")
+  endforeach()
+  if(NOT CMAKE_CUDA_FLAGS MATCHES "-Xptxas=-O0")
+    string(APPEND CMAKE_CUDA_FLAGS " -Xptxas=-O0")
+  endif()
+endmacro()
+if(QCOLL_ENABLE_CUDA AND QCOLL_CUDA_COMPILE_ONLY)
+  qcoll_cuda_unoptimized()
+endif()
+
 # --- NCCL (needs CUDA) ------------------------------------------------------------------------
 set(_qcoll_nccl_found OFF)
 if(QCOLL_ENABLE_CUDA)
