@@ -118,7 +118,7 @@ const char* const kHelp =
     "  -n, --iters N         timed calls per row, 1..100000 (default: 20)\n"
     "  -w, --warmup_iters N  untimed calls before them, 0..100000 (default: 5)\n"
     "  --graph               capture one call per rank in a CUDA graph and time graph launches\n"
-    "  --type T              element type: f32 | f16 | bf16 (default: bf16)\n"
+    "  --type T              element type: f32 | f16 | bf16 (default: bf16; f32 only in a quick build)\n"
     "  --wformat F           weight format of the qwZ all-gather (default: int8)\n"
     "  --hformat F           format of the hpZ gather (default: the element type, unquantized)\n"
     "  --gformat F           gradient format: reduce-scatter hop 1, and all-reduce (default: int4)\n"
@@ -172,7 +172,7 @@ struct Options {
   int warmup = 5;
   bool graph = false;
   bool csv = false;
-  qc::DType type = qc::DType::bf16;
+  qc::DType type = bench::kQuickBuild ? qc::DType::f32 : qc::DType::bf16;  // the quick build has f32 only
   qc::FormatId wformat = qc::FormatId::int8;
   qc::FormatId hformat = qc::FormatId::identity_bf16;
   qc::FormatId gformat = qc::FormatId::int4;

@@ -17,9 +17,9 @@ CTEST_JOBS="${CTEST_JOBS:-2}"
 # here; when /usr/local/cuda/bin/nvcc exists the CUDA programs are built as well.
 QCOLL_DEBIAN_PACKAGES=(cmake make ninja-build g++ doctest-dev libopenmpi-dev openmpi-bin)
 # Additional packages of the checks in scripts/fuzz.sh and scripts/sanitize.sh: clang with
-# libFuzzer (libclang-rt-dev holds libclang_rt.fuzzer) for the fuzz targets; GCC's sanitizer
-# runtimes (libasan, libubsan, libtsan) come with g++.
-# shellcheck disable=SC2034 # used by scripts/fuzz.sh
+# libFuzzer and its sanitizer runtimes (libclang-rt-dev holds libclang_rt.fuzzer and .asan) for
+# the fuzz targets and the ASan tree; GCC's TSan runtime (libtsan) comes with g++.
+# shellcheck disable=SC2034 # used by scripts/fuzz.sh and scripts/sanitize.sh
 QCOLL_CHECK_PACKAGES=(cmake make ninja-build g++ doctest-dev libopenmpi-dev openmpi-bin clang libclang-rt-dev)
 
 # Installs the missing packages of the given list (default: QCOLL_DEBIAN_PACKAGES) with apt-get
