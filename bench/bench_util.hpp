@@ -41,6 +41,13 @@ class UsageError : public std::runtime_error {
 //! the benchmarks compile; the device benchmark then has f32 only).
 inline constexpr bool kQuickBuild = QCOLL_BENCH_QUICK_BUILD != 0;
 
+//! Refuses, in a quick build, an element type other than f32 given to `flag` as `value`.
+inline void check_quick_build_type(const char* flag, const std::string& value) {
+  if (kQuickBuild && value != "f32")
+    throw UsageError(std::string("flag ") + flag + ": '" + value +
+                     "': this build (QCOLL_BENCH_QUICK_BUILD) has f32 only");
+}
+
 //! A header line for a benchmark built with QCOLL_BENCH_QUICK_BUILD, else "".
 inline const char* quick_build_warning() {
   return kQuickBuild ? "WARNING: built with QCOLL_BENCH_QUICK_BUILD (-O0, f32 input only): these figures are "

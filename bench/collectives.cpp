@@ -1132,8 +1132,7 @@ Options parse(int argc, char** argv, bool& help) {
       const std::string v = a.value();
       if (v != "f32" && v != "bf16") throw bench::UsageError("flag --type: '" + v + "' is not f32 or bf16");
       o.bf16 = v == "bf16";
-      if (bench::kQuickBuild && o.bf16)
-        throw bench::UsageError("flag --type: 'bf16': this build (QCOLL_BENCH_QUICK_BUILD) has f32 only");
+      bench::check_quick_build_type("--type", v);
     } else if (a.flag("--format") || a.flag("--format2")) {
       const std::string flag = a.name(), v = a.value();
       FormatId id;

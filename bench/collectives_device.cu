@@ -302,9 +302,7 @@ Options parse(int argc, char** argv, bool& help) {
       } else {
         throw bench::UsageError("flag --type: '" + v + "' is not f32, f16 or bf16");
       }
-      if (bench::kQuickBuild && o.type != qc::DType::f32)
-        throw bench::UsageError("flag --type: '" + v +
-                                "': this build (QCOLL_BENCH_QUICK_BUILD) has f32 only");
+      bench::check_quick_build_type("--type", v);
     } else if (a.flag("--wformat")) {
       o.wformat_text = a.value();
     } else if (a.flag("--hformat")) {

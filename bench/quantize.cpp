@@ -113,9 +113,7 @@ Options parse_options(int argc, char** argv, bool& help) {
         } else {
           throw bench::UsageError("flag --types: '" + t + "' is not one of f32, bf16, f16");
         }
-        if (bench::kQuickBuild && o.types.back() != DType::f32)
-          throw bench::UsageError("flag --types: '" + t +
-                                  "': this build (QCOLL_BENCH_QUICK_BUILD) has f32 only");
+        bench::check_quick_build_type("--types", t);
       }
       if (o.types.empty()) throw bench::UsageError("flag --types: empty list");
     } else if (a.flag("--blocks")) {

@@ -42,9 +42,10 @@ common_args=(-DQCOLL_ENABLE_CUDA=OFF -DQCOLL_BUILD_BENCH=OFF -DQCOLL_BUILD_EXAMP
 
 # The ASan tree is compiled at -O0 (measured with GCC): its 21 translation units took 1255 CPU-s
 # at -O1 and 512 as built here (unit_test_format alone 315 s -> 54 s), the largest share of the
-# sanitizer run. Instrumented code at -O0 checks at least as much (nothing is optimized away). The tests that spend their time
-# in exhaustive arithmetic loops instead of in compiling ran 3-5x slower at -O0 (unit.test_demo
-# 51 s -> 155 s, unit.test_half 20 s -> 106 s), so they stay at -O1 (QCOLL_TESTS_AT_O1).
+# sanitizer run. Instrumented code at -O0 checks at least as much (nothing is optimized away).
+# The tests that spend their time in exhaustive arithmetic loops instead of in compiling ran 3-5x
+# slower at -O0 (unit.test_demo 51 s -> 155 s, unit.test_half 20 s -> 106 s), so they stay at
+# -O1 (QCOLL_TESTS_AT_O1).
 asan_opt_args=("-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O0 -g1"
                "-DQCOLL_TESTS_AT_O1=test_demo;test_half;test_minifloat;test_host_identity")
 tsan_opt_args=("-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1")
