@@ -339,25 +339,14 @@ QCOLL_AVX2_INLINE bool stats(const T* x, std::size_t n, BlockStats& s) {
   return true;
 }
 
-//! How far ahead of what it reads absmax_lanes prefetches, in bytes: enough to cover the memory
-//! latency at the kernels' rate (with 1 GiB inputs, 2 KiB ran 15-25% slower and 8 or 16 KiB no
-//! faster).
-constexpr std::size_t prefetch_ahead = 4096;
-
 //! Lane-wise largest |x| bits of a full block of n elements, n a multiple of 16: for float input,
 //! eight 32-bit lanes; for half and bfloat16, sixteen 16-bit lanes (viewed as i32x8) of the
 //! 16-bit patterns (the conversion to float is exact and monotone, so it commutes with max).
-//! Prefetches prefetch_ahead bytes ahead, one line per 64 bytes read: the statistics pass is the
-//! one that reads the input from memory. Prefetches issued in the loop, rather than a burst of
-//! them ahead of a block, keep quantize at block 2048 as fast as at block 32 (a burst of 128 ran
-//! 5-13% slower). Prefetch = false: none, for a pass that only reads (absmax_finite), where the
-//! hardware prefetchers keep up and software prefetches only slow it.
-template <class T, bool Prefetch = true>
+template <class T>
 QCOLL_AVX2_INLINE i32x8 absmax_lanes(const T* x, std::size_t n) {
   if constexpr (sizeof(T) == 4) {
     i32x8 m0{}, m1{};
     for (std::size_t i = 0; i < n; i += 16) {
-      if constexpr (Prefetch) __builtin_prefetch(reinterpret_cast<const char*>(x + i) + prefetch_ahead);
       m0 = vmax((i32x8)load(x + i) & 0x7fffffff, m0);
       m1 = vmax((i32x8)load(x + i + 8) & 0x7fffffff, m1);
     }
@@ -365,7 +354,6 @@ QCOLL_AVX2_INLINE i32x8 absmax_lanes(const T* x, std::size_t n) {
   } else {
     i16x16 m{};
     for (std::size_t i = 0; i < n; i += 16) {
-      if (Prefetch && i % 32 == 0) __builtin_prefetch(reinterpret_cast<const char*>(x + i) + prefetch_ahead);
       i16x16 v;
       std::memcpy(&v, x + i, sizeof v);
       v &= 0x7fff;
@@ -851,6 +839,23 @@ constexpr std::size_t group_blocks() {
   return F::block >= 2048 ? 1 : (2048 / F::block < 8 ? 2048 / F::block : 8);
 }
 
+//! How far past the group it encodes encode_group prefetches its input, in bytes: enough to cover
+//! the memory latency at the kernels' rate (measured with 1 GiB inputs: 2 KiB ran 5-15% slower
+//! than 4 KiB, 8 KiB no faster).
+constexpr std::size_t prefetch_ahead = 4096;
+
+//! Prefetches the lines of the 32 elements of T that lie prefetch_ahead bytes past the group of F
+//! that holds p[0, 32). encode_full_run reads each group twice, for its statistics and to encode
+//! it; the second read hits the caches, and the prefetches issued there (rather than in the
+//! statistics loop, which then ran 10-30% slower) keep the memory busy while the codes are
+//! computed.
+template <class F, class T>
+QCOLL_AVX2_INLINE void prefetch_next(const T* p) {
+  constexpr std::size_t ahead = prefetch_ahead + group_blocks<F>() * F::block * sizeof(T);
+  for (std::size_t line = 0; line < 32 * sizeof(T); line += 64)
+    __builtin_prefetch(reinterpret_cast<const char*>(p) + ahead + line);
+}
+
 //! 32 codes as bytes in element order: x0, x1 scaled with e0, x2, x3 with e1.
 template <class C, bool One>
 QCOLL_AVX2_INLINE i8x32 codes32(const typename C::Enc& e0, const typename C::Enc& e1, f32x8 x0, f32x8 x1,
@@ -877,6 +882,7 @@ QCOLL_AVX2_INLINE void encode_group(const T* const* x, std::size_t count, const 
     for (std::size_t k = 0; k < count; k += 2) {
       const Enc e0{lanes.a[k], lanes.b[k]};
       unsigned char* out = codes + k * code_bytes;
+      prefetch_next<F>(x[k]);
       if (k + 1 < count) {
         const Enc e1{lanes.a[k + 1], lanes.b[k + 1]};
         store_codes32<F::code_bits>(
@@ -894,10 +900,12 @@ QCOLL_AVX2_INLINE void encode_group(const T* const* x, std::size_t count, const 
       const Enc e{lanes.a[k], lanes.b[k]};
       const T* xk = x[k];
       unsigned char* ck = codes + k * code_bytes;
-      for (std::size_t j = 0; j < F::block; j += 32)
+      for (std::size_t j = 0; j < F::block; j += 32) {
+        prefetch_next<F>(xk + j);
         store_codes32<F::code_bits>(
             codes32<C, One>(e, e, load(xk + j), load(xk + j + 8), load(xk + j + 16), load(xk + j + 24)),
             ck + j * F::code_bits / 8, stream);
+      }
     }
   }
 }
@@ -973,9 +981,10 @@ QCOLL_AVX2_INLINE GroupMeta group_meta(const T* x, std::size_t count, float mess
 }
 
 //! Encodes `nblocks` full blocks that follow each other in memory from x with nearest rounding,
-//! exactly as encode_block does, in groups of group_blocks<F>(): the statistics and metas of the
-//! next group are computed before the current group is encoded, so their latency overlaps the
-//! encoding. Calls redo(k) after the group of block k for each block k holding NaN or ±Inf (its
+//! exactly as encode_block does, in groups of group_blocks<F>(): a group's statistics and metas,
+//! then its codes while the group is in L1 (encode_group prefetches the groups ahead). Computing
+//! the next group's statistics before encoding this one, to overlap their latency, ran 3-8%
+//! slower. Calls redo(k) after the group of block k for each block k holding NaN or ±Inf (its
 //! codes and meta bytes unspecified until then). F without range statistics only. stream: codes
 //! written with non-temporal stores where they are 8 bits (codes 16-byte aligned; the caller
 //! fences).
@@ -985,17 +994,10 @@ QCOLL_AVX2 inline void encode_full_run(const T* x, std::size_t nblocks, float me
   static_assert(!Codec<F>::range, "range formats go through encode_full_blocks");
   constexpr std::size_t G = group_blocks<F>();
   constexpr std::size_t code_bytes = F::block * F::code_bits / 8;
-  if (nblocks == 0) return;
-  GroupMeta cur = group_meta<F>(x, nblocks < G ? nblocks : G, message_scale, meta);
   for (std::size_t b = 0; b < nblocks; b += G) {
     const std::size_t count = nblocks - b < G ? nblocks - b : G;
     const T* xg = x + b * F::block;
-    GroupMeta next{};
-    if (b + G < nblocks) {
-      const std::size_t n2 = nblocks - b - G < G ? nblocks - b - G : G;
-      const T* xn = xg + G * F::block;
-      next = group_meta<F>(xn, n2, message_scale, meta + (b + G) * F::meta_bytes);
-    }
+    const GroupMeta cur = group_meta<F>(xg, count, message_scale, meta + b * F::meta_bytes);
     const T* ptr[G];
     for (std::size_t k = 0; k < count; ++k) ptr[k] = xg + k * F::block;
     if (cur.one) {
@@ -1004,7 +1006,6 @@ QCOLL_AVX2 inline void encode_full_run(const T* x, std::size_t nblocks, float me
       encode_group<F, false>(ptr, count, cur.lanes, codes + b * code_bytes, stream);
     }
     for (unsigned s = cur.skipped; s != 0; s &= s - 1) redo(b + static_cast<std::size_t>(__builtin_ctz(s)));
-    cur = next;
   }
 }
 
@@ -1015,8 +1016,8 @@ QCOLL_AVX2 inline float absmax_finite(const T* x, std::size_t n) {
   constexpr std::size_t step = 64 / sizeof(T);
   i32x8 m{};
   std::size_t i = 0;
-  for (; i + step <= n; i += step) m = lane_max<sizeof(T) == 2>(m, absmax_lanes<T, false>(x + i, step));
-  if (i < n) m = lane_max<sizeof(T) == 2>(m, absmax_lanes<T, false>(x + i, n - i));
+  for (; i + step <= n; i += step) m = lane_max<sizeof(T) == 2>(m, absmax_lanes(x + i, step));
+  if (i < n) m = lane_max<sizeof(T) == 2>(m, absmax_lanes(x + i, n - i));
   const int inf = sizeof(T) == 4 ? 0x7f800000 : std::is_same<T, half>::value ? 0x7c00 : 0x7f80;
   if constexpr (sizeof(T) == 4) {
     const int r = reduce<true>(m);
