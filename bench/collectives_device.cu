@@ -1138,7 +1138,8 @@ Outcome bench_typed(AnyTransport& t, const qc::Topology& topo, cudaStream_t stre
                     const char* transport, int ranks_on_device, CheckShare& check) {
 #if QCOLL_BENCH_QUICK_BUILD
   // parse() admits f32 only: a third of the instantiations (the GPU tests compile the device
-  // plans for every element type, the emulated check this program for every one).
+  // plans for every element type; so does every build that is not a quick one, this program's
+  // emulated check included).
   return Bench<float>(t, topo, stream, o, transport, ranks_on_device, check).run();
 #else
   switch (o.type) {
