@@ -303,6 +303,55 @@ TEST_CASE_TEMPLATE("large messages (non-temporal code stores) quantize like the 
   }
 }
 
+// The largest code value of a format whose block scale is absmax over it.
+template <class F>
+struct LargestCode;
+template <unsigned B, std::size_t K>
+struct LargestCode<SymmetricInt<B, K>> {
+  static constexpr float value = SymmetricInt<B, K>::qmax;
+};
+template <class E, std::size_t K>
+struct LargestCode<Fp8Scaled<E, K>> {
+  static constexpr float value = E::max_normal;
+};
+
+// Where every block scale of a group of several blocks is a normal float, the kernels of these
+// formats encode without clamping the scaled values (|x / scale| cannot round past the largest
+// code); groups of one block (2048 elements) clamp, and must give the same bytes too. Groups of
+// scales just above the smallest normal float (even trials) and groups mixing normal and
+// subnormal scales (odd trials), each block holding ±absmax and its neighbour below, quantize as
+// the portable loops do.
+template <class F, class T>
+void check_scales_near_normal_min() {
+  const float q = LargestCode<F>::value;
+  std::mt19937_64 g(7);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  const std::size_t nb = 9;  // more than one group of 8 blocks
+  for (int trial = 0; trial < 16; ++trial) {
+    std::vector<T> x(nb * F::block);
+    for (std::size_t b = 0; b < nb; ++b) {
+      const float m = trial % 2 == 0 ? 1.0f + std::ldexp(static_cast<float>(g() % 64), -23)
+                                     : std::ldexp(1.0f + u(g) / 4.0f, static_cast<int>(g() % 7) - 3);
+      const float amax = q * std::ldexp(m, -126);
+      T* blk = x.data() + b * F::block;
+      for (std::size_t i = 0; i < F::block; ++i) blk[i] = from_float<T>(amax * u(g));
+      blk[(5 * b) % F::block] = from_float<T>(b % 2 ? -amax : amax);
+      blk[(5 * b + 1) % F::block] = from_float<T>(std::nextafter(amax, 0.0f));
+    }
+    std::vector<unsigned char> want(packed_bytes<F>(x.size())), got(want.size());
+    portable_quantize<F>(x, want.data(), host::QuantizeOptions{});
+    host::quantize<F>(x.data(), x.size(), got.data(), got.size());
+    CAPTURE(trial);
+    CHECK(got == want);
+  }
+}
+
+TEST_CASE_TEMPLATE("block scales around the smallest normal float quantize like the portable loops", F,
+                   Int8<32>, Int4<32>, Fp8E4M3<32>, Fp8E5M2<32>, Int8<2048>, Int4<2048>, Fp8E4M3<2048>) {
+  check_scales_near_normal_min<F, float>();
+  check_scales_near_normal_min<F, bfloat16>();
+}
+
 // Messages no quantizer writes (as a peer's corrupted or hostile bytes may be): every code in
 // blocks whose scales are ±0, subnormal, near the saturation thresholds, huge, ±Inf or NaN (every
 // byte value for 1-byte metas), and several message scales. The decoders must give the scalar
