@@ -929,10 +929,10 @@ QCOLL_AVX2_INLINE i8x32 codes32(const typename C::Enc& e0, const typename C::Enc
 }
 
 //! The encode pass of encode_full_run: blocks k < count (at x[k]) whose factors are lanes k of
-//! `lanes`. One (every a factor is 1, so every block scale is normal, zero or unusable) lets
-//! formats with exact_scale leave out the clamp, in groups of several blocks. Groups of one block
-//! (2048 elements or more) keep it: there the shorter loop made quantize from memory slower
-//! (int8 and int4 at block 2048, fp32 and bf16 input, 1 GiB: 5-10%), though 25-30% faster in cache.
+//! `lanes`. One (every a factor is 1: for formats with exact_scale, every block scale is then
+//! normal, zero or unusable) lets those formats leave out the clamp, in groups of several blocks. Groups of
+//! one block (2048 elements or more) keep it: there the shorter loop made quantize from memory slower (int8
+//! and int4 at block 2048, fp32 and bf16 input, 1 GiB: 5-10%), though 25-30% faster in cache.
 template <class F, bool One, class T>
 QCOLL_AVX2_INLINE void encode_group(const T* const* x, std::size_t count, const EncLanes& lanes,
                                     unsigned char* codes, bool stream) {
@@ -1013,7 +1013,7 @@ QCOLL_AVX2 inline unsigned encode_full_blocks(const T* const* x, std::size_t cou
 struct GroupMeta {
   EncLanes lanes;
   unsigned skipped;
-  bool one;  //!< every block's a factor is 1
+  bool one;  //!< every block's a factor is 1 (MX: made 1 by folding it into b, where exact)
 };
 
 //! Reduces the group of `count` full blocks at x (consecutive in memory) and writes its metas.
@@ -1034,7 +1034,19 @@ QCOLL_AVX2_INLINE GroupMeta group_meta(const T* x, std::size_t count, float mess
   GroupMeta g;
   g.skipped = nonfinite_lanes(amax) & ((1u << count) - 1u);
   g.lanes = C::make_enc((f32x8)amax, message_scale, count, meta);
-  g.one = C::has_pre && __builtin_ia32_movmskps256((f32x8)(g.lanes.a != 1.0f)) == 0;
+  if constexpr (C::has_pre) {
+    g.one = __builtin_ia32_movmskps256((f32x8)(g.lanes.a != 1.0f)) == 0;
+  } else {
+    // MX: a = 2^e1, b = 2^e2 with e1 + e2 = -X. Where every block has X <= 0, both factors are >= 1
+    // and x * a * b is exact (|x| * 2^-X < 2^(emax + 1), X clamped to -127 only lowering it: no
+    // overflow), so x * (a * b) is the same product, one multiplication per element, not two.
+    const i32x8 below = (g.lanes.a < 1.0f) | (g.lanes.b < 1.0f);
+    g.one = __builtin_ia32_movmskps256((f32x8)below) == 0;
+    if (g.one) {
+      g.lanes.b = g.lanes.a * g.lanes.b;
+      g.lanes.a = f32x8{} + 1.0f;
+    }
+  }
   return g;
 }
 
