@@ -352,6 +352,49 @@ TEST_CASE_TEMPLATE("block scales around the smallest normal float quantize like 
   check_scales_near_normal_min<F, bfloat16>();
 }
 
+// MX kernels scale by 2^-X in one multiplication where the scalar functions take two: the codes
+// are the same, also where the scaled value falls below the smallest normal float. Blocks with
+// absmax from 2 to 2^101 (X > 0 for most) holding values scaled to around and below 2^-126,
+// subnormal inputs and signed zeros, as fp32 and bf16 input.
+template <class F, class T>
+void check_mx_tiny_scaled_values() {
+  std::mt19937_64 g(11);
+  std::uniform_real_distribution<float> u(1.0f, 2.0f);
+  const std::size_t nb = 9;
+  for (int trial = 0; trial < 8; ++trial) {
+    std::vector<T> x(nb * F::block);
+    for (std::size_t b = 0; b < nb; ++b) {
+      const int e = 1 + static_cast<int>(g() % 100);  // absmax exponent: X = e - emax
+      T* blk = x.data() + b * F::block;
+      for (std::size_t i = 0; i < F::block; ++i) {
+        const float sign = g() % 2 ? -1.0f : 1.0f;
+        float v = 0.0f;
+        // scaled magnitudes from 2^(emax - 150) to 2^(emax - 105), around and below 2^-126;
+        // subnormal inputs; zeros; values near the absmax
+        switch (i % 4) {
+          case 0: v = std::ldexp(u(g), e - 150 + static_cast<int>(g() % 46)); break;
+          case 1: v = std::ldexp(u(g), -149 + static_cast<int>(g() % 24)); break;
+          case 2: v = 0.0f; break;
+          default: v = std::ldexp(u(g), e - 1 - static_cast<int>(g() % 8)); break;
+        }
+        blk[i] = from_float<T>(sign * v);
+      }
+      blk[(3 * b) % F::block] = from_float<T>(std::ldexp(1.5f, e));  // the absmax
+    }
+    std::vector<unsigned char> want(packed_bytes<F>(x.size())), got(want.size());
+    portable_quantize<F>(x, want.data(), host::QuantizeOptions{});
+    host::quantize<F>(x.data(), x.size(), got.data(), got.size());
+    CAPTURE(trial);
+    CHECK(got == want);
+  }
+}
+
+TEST_CASE_TEMPLATE("MX blocks scaled down past the smallest normal float quantize like the portable loops", F,
+                   MxFp8E4M3, MxFp8E5M2, MxFp6E2M3, MxFp6E3M2, MxFp4, MxInt8) {
+  check_mx_tiny_scaled_values<F, float>();
+  check_mx_tiny_scaled_values<F, bfloat16>();
+}
+
 // Messages no quantizer writes (as a peer's corrupted or hostile bytes may be): every code in
 // blocks whose scales are ±0, subnormal, near the saturation thresholds, huge, ±Inf or NaN (every
 // byte value for 1-byte metas), and several message scales. The decoders must give the scalar

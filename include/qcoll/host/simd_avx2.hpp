@@ -440,7 +440,8 @@ QCOLL_AVX2_INLINE void store_u8_lanes(i32x8 v, std::size_t count, unsigned char*
   }
 }
 
-//! Encoding factors of eight blocks, one lane per block: codes from x * a * b.
+//! Encoding factors of eight blocks, one lane per block: codes from x * a * b (a: the Reciprocal's
+//! pre factor, 1 unless the scale is tiny; 1 for MX).
 struct EncLanes {
   f32x8 a, b;
 };
@@ -523,7 +524,12 @@ struct MinifloatTable {
 // ---- per-format vector codecs ------------------------------------------------------------------
 
 //! detail::mx_make_meta per lane for finite absmax lanes: stores the E8M0 codes of the first
-//! `count` lanes and returns the encode factors 2^e1, 2^e2 (e1 = -X / 2, e2 = -X - e1).
+//! `count` lanes and returns the encode factors a = 1, b = 2^-X (in [2^-127, 2^127]). One
+//! multiplication by 2^-X gives the codes of detail::mx_scale_in's two (by 2^e1, then by 2^e2;
+//! e1 = -X / 2, e2 = -X - e1). Neither overflows: |x| * 2^-X < 2^(emax + 1). For X <= 0 both
+//! scale up, exactly. For X > 0 both scale down, exactly where |x * 2^-X| >= 2^-126 (x * 2^e1 is
+//! then normal too); below that both give a zero code (of x's sign where codes carry one), every
+//! MX element's smallest step being at least 2^-16.
 template <int Emax>
 QCOLL_AVX2_INLINE EncLanes mx_enc_lanes(f32x8 amax, std::size_t count, unsigned char* meta) {
   // floor(log2(absmax)) - emax from the exponent field; zero and subnormal absmax (field 0) give
@@ -534,12 +540,14 @@ QCOLL_AVX2_INLINE EncLanes mx_enc_lanes(f32x8 amax, std::size_t count, unsigned 
   store_u8_lanes(x + 127, count, meta);
   const i32x8 n = -x;
   const i32x8 e1 = (n - (n >> 31)) >> 1;  // n / 2, rounded toward zero
-  return EncLanes{(f32x8)((e1 + 127) << 23), (f32x8)((n - e1 + 127) << 23)};
+  // 2^n as the product of two normal powers of two (2^-127 is subnormal)
+  return EncLanes{f32x8{} + 1.0f, (f32x8)((e1 + 127) << 23) * (f32x8)((n - e1 + 127) << 23)};
 }
 
-//! Vector versions of F::encode (Enc, from the block's Meta or, make_enc, from eight blocks'
-//! absmax lanes) and F::decode (Dec). Defined for the scaled formats; `range` says whether
-//! make_meta reads lo and hi (then encode_full_blocks runs the scalar make_meta per block).
+//! Vector versions of F::encode (Enc: from eight blocks' absmax lanes by make_enc, or from the
+//! block's Meta by enc for the range formats) and F::decode (Dec). Defined for the scaled formats;
+//! `range` says whether make_meta reads lo and hi (then encode_full_blocks runs the scalar
+//! make_meta per block); unit_a, whether make_enc always gives a = 1 (MX).
 //! Enc::scaled<One>(x) is F's scaling of x (One: the caller has checked that a == 1, so x * a is
 //! x), Enc::code<Clamp>(y) the code of a scaled value: a signed integer (signed_codes) or a
 //! minifloat magnitude (sign_from_input: its sign is the sign bit of y, added when the codes are
@@ -598,9 +606,8 @@ template <class E, std::size_t K>
 struct Codec<Fp8Scaled<E, K>> : MinifloatCodec<E, true> {
   using M = typename Fp8Scaled<E, K>::Meta;
   static constexpr bool exact_scale = true;
-  static constexpr bool has_pre = true;   // a is the Reciprocal's pre factor: 1 unless tiny scale
+  static constexpr bool unit_a = false;
   static constexpr bool via_half = true;  // decode_codes converts the codes as fp16 (fp8_as_half)
-  static typename MinifloatCodec<E, true>::Enc enc(const M& m) { return {m.rcp.pre, m.rcp.inv}; }
   //! make_meta + store_meta of eight blocks (the first `count` stored) from their absmax lanes.
   QCOLL_AVX2_INLINE static EncLanes make_enc(f32x8 amax, float, std::size_t count, unsigned char* meta) {
     const f32x8 scale = amax / E::max_normal;
@@ -614,8 +621,7 @@ struct Codec<Fp8Scaled<E, K>> : MinifloatCodec<E, true> {
 template <>
 struct Codec<NvFp4> : MinifloatCodec<minifloat::E2M1, true> {
   static constexpr bool exact_scale = false;  // the block scale is rounded to E4M3
-  static constexpr bool has_pre = true;
-  static Enc enc(const NvFp4::Meta& m) { return {m.rcp.pre, m.rcp.inv}; }
+  static constexpr bool unit_a = false;
   QCOLL_AVX2_INLINE static EncLanes make_enc(f32x8 amax, float message_scale, std::size_t count,
                                              unsigned char* meta) {
     const float denom = 6.0f * message_scale;
@@ -631,10 +637,7 @@ struct Codec<NvFp4> : MinifloatCodec<minifloat::E2M1, true> {
 template <class E>
 struct Codec<MxFloat<E>> : MinifloatCodec<E, false> {
   static constexpr bool exact_scale = false;  // power-of-two scales
-  static constexpr bool has_pre = false;
-  static typename MinifloatCodec<E, false>::Enc enc(const ::qcoll::detail::MxMeta& m) {
-    return {m.enc_a, m.enc_b};
-  }
+  static constexpr bool unit_a = true;
   QCOLL_AVX2_INLINE static EncLanes make_enc(f32x8 amax, float, std::size_t count, unsigned char* meta) {
     return mx_enc_lanes<E::emax>(amax, count, meta);
   }
@@ -661,9 +664,10 @@ struct IntCodec {
     QCOLL_AVX2_INLINE i32x8 code(f32x8 y) const {
       if constexpr (!Clamp && !MxScaled) {
         return __builtin_ia32_cvtps2dq256(y);
-      } else if constexpr (MxScaled) {  // MxInt8: rint, then clamp (rint keeps |y| >= 2^23 and NaN)
-        const f32x8 r = __builtin_ia32_roundps256(y * 64.0f, 8);
-        return __builtin_convertvector(clamp(r, -127.0f, 127.0f), i32x8);
+      } else if constexpr (MxScaled) {
+        // MxInt8: rint(y * 64) clamped to [-127, 127]. In the finite blocks the kernels encode,
+        // |y * 64| < 128, so cvtps2dq (nearest even) and an integer clamp give the same codes.
+        return vmin(vmax(__builtin_ia32_cvtps2dq256(y * 64.0f), splat(-127)), splat(127));
       } else {  // SymmetricInt: clamp, then round (cvtps2dq rounds to nearest even)
         return __builtin_ia32_cvtps2dq256(clamp(y, -float(q), float(q)));
       }
@@ -691,8 +695,7 @@ template <unsigned B, std::size_t K>
 struct Codec<SymmetricInt<B, K>> : IntCodec<B, false> {
   using M = typename SymmetricInt<B, K>::Meta;
   static constexpr bool exact_scale = true;
-  static constexpr bool has_pre = true;
-  static typename IntCodec<B, false>::Enc enc(const M& m) { return {m.rcp.pre, m.rcp.inv}; }
+  static constexpr bool unit_a = false;
   QCOLL_AVX2_INLINE static EncLanes make_enc(f32x8 amax, float, std::size_t count, unsigned char* meta) {
     const f32x8 scale = amax / static_cast<float>(SymmetricInt<B, K>::qmax);
     store_f32_lanes(scale, count, meta);
@@ -705,8 +708,7 @@ struct Codec<SymmetricInt<B, K>> : IntCodec<B, false> {
 template <>
 struct Codec<MxInt8> : IntCodec<8, true> {
   static constexpr bool exact_scale = false;
-  static constexpr bool has_pre = false;
-  static Enc enc(const ::qcoll::detail::MxMeta& m) { return {m.enc_a, m.enc_b}; }
+  static constexpr bool unit_a = true;
   QCOLL_AVX2_INLINE static EncLanes make_enc(f32x8 amax, float, std::size_t count, unsigned char* meta) {
     return mx_enc_lanes<0>(amax, count, meta);
   }
@@ -1013,7 +1015,7 @@ QCOLL_AVX2 inline unsigned encode_full_blocks(const T* const* x, std::size_t cou
 struct GroupMeta {
   EncLanes lanes;
   unsigned skipped;
-  bool one;  //!< every block's a factor is 1 (MX: made 1 by folding it into b, where exact)
+  bool one;  //!< every block's a factor is 1
 };
 
 //! Reduces the group of `count` full blocks at x (consecutive in memory) and writes its metas.
@@ -1034,19 +1036,7 @@ QCOLL_AVX2_INLINE GroupMeta group_meta(const T* x, std::size_t count, float mess
   GroupMeta g;
   g.skipped = nonfinite_lanes(amax) & ((1u << count) - 1u);
   g.lanes = C::make_enc((f32x8)amax, message_scale, count, meta);
-  if constexpr (C::has_pre) {
-    g.one = __builtin_ia32_movmskps256((f32x8)(g.lanes.a != 1.0f)) == 0;
-  } else {
-    // MX: a = 2^e1, b = 2^e2 with e1 + e2 = -X. Where every block has X <= 0, both factors are >= 1
-    // and x * a * b is exact (|x| * 2^-X < 2^(emax + 1), X clamped to -127 only lowering it: no
-    // overflow), so x * (a * b) is the same product, one multiplication per element, not two.
-    const i32x8 below = (g.lanes.a < 1.0f) | (g.lanes.b < 1.0f);
-    g.one = __builtin_ia32_movmskps256((f32x8)below) == 0;
-    if (g.one) {
-      g.lanes.b = g.lanes.a * g.lanes.b;
-      g.lanes.a = f32x8{} + 1.0f;
-    }
-  }
+  g.one = C::unit_a || __builtin_ia32_movmskps256((f32x8)(g.lanes.a != 1.0f)) == 0;
   return g;
 }
 
@@ -1070,9 +1060,9 @@ QCOLL_AVX2 inline void encode_full_run(const T* x, std::size_t nblocks, float me
     const GroupMeta cur = group_meta<F>(xg, count, message_scale, meta + b * F::meta_bytes);
     const T* ptr[G];
     for (std::size_t k = 0; k < count; ++k) ptr[k] = xg + k * F::block;
-    if (cur.one) {
+    if (Codec<F>::unit_a || cur.one) {
       encode_group<F, true>(ptr, count, cur.lanes, codes + b * code_bytes, stream);
-    } else {
+    } else if constexpr (!Codec<F>::unit_a) {
       encode_group<F, false>(ptr, count, cur.lanes, codes + b * code_bytes, stream);
     }
     for (unsigned s = cur.skipped; s != 0; s &= s - 1) redo(b + static_cast<std::size_t>(__builtin_ctz(s)));
