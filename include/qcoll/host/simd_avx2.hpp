@@ -662,14 +662,12 @@ struct IntCodec {
     }
     template <bool Clamp = true>
     QCOLL_AVX2_INLINE i32x8 code(f32x8 y) const {
-      if constexpr (!Clamp && !MxScaled) {
-        return __builtin_ia32_cvtps2dq256(y);
-      } else if constexpr (MxScaled) {
+      if constexpr (MxScaled) {
         // MxInt8: rint(y * 64) clamped to [-127, 127]. In the finite blocks the kernels encode,
         // |y * 64| < 128, so cvtps2dq (nearest even) and an integer clamp give the same codes.
         return vmin(vmax(__builtin_ia32_cvtps2dq256(y * 64.0f), splat(-127)), splat(127));
-      } else {  // SymmetricInt: clamp, then round (cvtps2dq rounds to nearest even)
-        return __builtin_ia32_cvtps2dq256(clamp(y, -float(q), float(q)));
+      } else {  // SymmetricInt: clamp (if Clamp), then round (cvtps2dq rounds to nearest even)
+        return __builtin_ia32_cvtps2dq256(Clamp ? clamp(y, -float(q), float(q)) : y);
       }
     }
   };
@@ -932,9 +930,10 @@ QCOLL_AVX2_INLINE i8x32 codes32(const typename C::Enc& e0, const typename C::Enc
 
 //! The encode pass of encode_full_run: blocks k < count (at x[k]) whose factors are lanes k of
 //! `lanes`. One (every a factor is 1: for formats with exact_scale, every block scale is then
-//! normal, zero or unusable) lets those formats leave out the clamp, in groups of several blocks. Groups of
-//! one block (2048 elements or more) keep it: there the shorter loop made quantize from memory slower (int8
-//! and int4 at block 2048, fp32 and bf16 input, 1 GiB: 5-10%), though 25-30% faster in cache.
+//! normal, zero or unusable) lets those formats leave out the clamp, in groups of several blocks.
+//! Groups of one block (2048 elements or more) keep it: there the shorter loop made quantize from
+//! memory slower (int8 and int4 at block 2048, fp32 and bf16 input, 1 GiB: 5-10%), though 25-30%
+//! faster in cache.
 template <class F, bool One, class T>
 QCOLL_AVX2_INLINE void encode_group(const T* const* x, std::size_t count, const EncLanes& lanes,
                                     unsigned char* codes, bool stream) {
@@ -1060,7 +1059,7 @@ QCOLL_AVX2 inline void encode_full_run(const T* x, std::size_t nblocks, float me
     const GroupMeta cur = group_meta<F>(xg, count, message_scale, meta + b * F::meta_bytes);
     const T* ptr[G];
     for (std::size_t k = 0; k < count; ++k) ptr[k] = xg + k * F::block;
-    if (Codec<F>::unit_a || cur.one) {
+    if (cur.one) {  // always for unit_a (group_meta)
       encode_group<F, true>(ptr, count, cur.lanes, codes + b * code_bytes, stream);
     } else if constexpr (!Codec<F>::unit_a) {
       encode_group<F, false>(ptr, count, cur.lanes, codes + b * code_bytes, stream);
