@@ -192,8 +192,8 @@ QCOLL_AVX2_INLINE i64x4 pack_u16(i32x8 a, i32x8 b) {
 
 //! Sixteen floats rounded to bfloat16 or half as narrow() rounds them, in element order in one
 //! vector. NanFree: no lane is NaN (the caller knows), so the NaN fix-up is left out. Exact (V =
-//! bfloat16 only): every lane is a bfloat16 value or the NaN 0x7fffffff (the caller knows), so the
-//! top halves are the results, with no rounding.
+//! bfloat16 only): every lane is a bfloat16 value or a NaN whose top half is 0x7fff (the caller
+//! knows), so the top halves are the results, with no rounding.
 template <bool NanFree, bool Exact = false, class V>
 QCOLL_AVX2_INLINE i64x4 narrow16(f32x8 v0, f32x8 v1, const V* p) {
   static_assert(!Exact || std::is_same<V, bfloat16>::value, "Exact: bfloat16 outputs");
@@ -1136,10 +1136,11 @@ struct via_half<C, std::void_t<decltype(C::via_half)>> : std::bool_constant<C::v
 //! Sixteen FP8 codes of E (E4M3 or E5M2) at p, decoded by the fp16 conversion: E5M2 codes are
 //! the top byte of the fp16 of the same value; an E4M3 magnitude shifted into an fp16 (exponent
 //! bias 15 instead of 7) is its value times 2^-8, subnormals included (the caller multiplies by
-//! 2^8 where it scales). vcvtph2ps is exact and ignores MXCSR.DAZ. NaN codes give a NaN (of
-//! either sign: clamp_product saturates every NaN to +FLT_MAX, as scale_value does the positive
+//! 2^8 where it scales). vcvtph2ps is exact and ignores MXCSR.DAZ. NaN codes give a NaN: E4M3's
+//! always the fp16 0x7fff (the float 0x7fffe000), E5M2's that one where CanonicalNaN, else one of
+//! either sign (clamp_product saturates every NaN to +FLT_MAX, as scale_value does the positive
 //! 0x7fffffff of minifloat_decode).
-template <class E>
+template <class E, bool CanonicalNaN = false>
 QCOLL_AVX2_INLINE void fp8_as_half(const unsigned char* p, f32x8& lo, f32x8& hi) {
   static_assert(E::bits == 8, "FP8 codes");
   i8x16 b;
@@ -1154,12 +1155,17 @@ QCOLL_AVX2_INLINE void fp8_as_half(const unsigned char* p, f32x8& lo, f32x8& hi)
   if constexpr (E::ebits == 5) {
     static_assert(E::has_nan && E::has_inf && E::max_code == 0x7b, "E5M2: NaN = S.11111.{01,10,11}");
     h = w << 8;
+    if constexpr (CanonicalNaN) {
+      const i16x16 nan = (h & 0x7fff) > 0x7c00;
+      h = (h & ~nan) | (nan & 0x7fff);
+    }
   } else {
     static_assert(E::ebits == 4 && E::has_nan && !E::has_inf && E::max_code == 0x7e,
                   "E4M3: NaN = S.1111.111");
-    // magnitude bits 14-7, sign bit 15; NaN: all-ones fp16 exponent
-    const i16x16 mag = w & 0x7f;
-    h = (mag << 7) | ((w << 8) & (short)0x8000) | ((mag == 0x7f) & 0x7c00);
+    // the code in the top byte, shifted right arithmetically: the sign in bits 15 and 14, the
+    // magnitude in bits 13-7; bit 14 (the fp16 exponent's top bit) cleared
+    const i16x16 nan = (w & 0x7f) == 0x7f;
+    h = (((w << 8) >> 1) & (short)0xbf80 & ~nan) | (nan & 0x7fff);
   }
   lo = __builtin_ia32_vcvtph2ps256(__builtin_shufflevector(h, h, 0, 1, 2, 3, 4, 5, 6, 7));
   hi = __builtin_ia32_vcvtph2ps256(__builtin_shufflevector(h, h, 8, 9, 10, 11, 12, 13, 14, 15));
@@ -1168,10 +1174,14 @@ QCOLL_AVX2_INLINE void fp8_as_half(const unsigned char* p, f32x8& lo, f32x8& hi)
 //! scale_value<true>(v, scale) for a finite nonzero scale and v decoded by fp8_as_half: v * scale
 //! is ±Inf only for ±Inf codes (|v| <= 57344 and |scale| < 2^100 otherwise) and NaN only for NaN
 //! codes, which scale_value turns into +FLT_MAX (minps returns its second operand, FLT_MAX, for a
-//! NaN of either sign), so clamping to ±FLT_MAX saturates alike.
+//! NaN of either sign), so clamping to ±FLT_MAX saturates alike. Without Inf codes (HasInf =
+//! false, E4M3) no product is -Inf, and the lower clamp is left out.
+template <bool HasInf>
 QCOLL_AVX2_INLINE f32x8 clamp_product(f32x8 v, float scale) {
   const float big = 3.40282347e38f;
-  return __builtin_ia32_maxps256(__builtin_ia32_minps256(v * scale, f32x8{} + big), f32x8{} - big);
+  const f32x8 hi = __builtin_ia32_minps256(v * scale, f32x8{} + big);
+  if constexpr (HasInf) return __builtin_ia32_maxps256(hi, f32x8{} - big);
+  return hi;
 }
 
 //! Sixteen 6-bit minifloat codes (c0, c1: one per 32-bit lane, sign in bit 5; every code finite)
@@ -1196,7 +1206,7 @@ QCOLL_AVX2_INLINE f32x8 half_value(f32x8 v) {
   return v;
 }
 
-template <class F, Sink S, bool Sat, bool NanFree, bool Exact = false, class Dec, class V>
+template <class F, Sink S, bool Sat, bool NanFree, class Dec, class V>
 QCOLL_AVX2_INLINE void decode_codes(const Dec& dec, const DecodeTable<F>& table, const unsigned char* codes,
                                     V* out) {
   static_assert(F::block % 16 == 0, "blocks of 16 elements or more");
@@ -1211,8 +1221,8 @@ QCOLL_AVX2_INLINE void decode_codes(const Dec& dec, const DecodeTable<F>& table,
       } else {
         fp6_as_half<E>(unpack8<6, sx>(codes, j), unpack8<6, sx>(codes, j + 8), v0, v1);
       }
-      emit<S, NanFree, Exact>(out + j, dec.template scaled<Sat>(half_value<E>(v0)),
-                              dec.template scaled<Sat>(half_value<E>(v1)));
+      emit<S, NanFree>(out + j, dec.template scaled<Sat>(half_value<E>(v0)),
+                       dec.template scaled<Sat>(half_value<E>(v1)));
     } else {
       const i32x8 c0 = unpack8<F::code_bits, sx>(codes, j), c1 = unpack8<F::code_bits, sx>(codes, j + 8);
       if constexpr (looks_up<Codec<F>>::value) {
@@ -1224,25 +1234,43 @@ QCOLL_AVX2_INLINE void decode_codes(const Dec& dec, const DecodeTable<F>& table,
   }
 }
 
-//! decode_codes<F, S, true> for FP8 with an fp32 block scale `a`, 0 < |a| < 2^100: codes
-//! converted as fp16 (fp8_as_half), times the scale (E4M3: times 2^8 * a, the same real product, so
-//! the same rounding), saturated (clamp_product). Writes no NaN.
+//! Whether decode_fp8_blocks decodes FP8 with block scale a: 0 < |a| < 2^100 (NaN fails).
+QCOLL_AVX2_INLINE bool fp8_direct(float a) {
+  const float m = fp::abs(a);
+  return m > 0.0f && m < small_scale;
+}
+
+//! decode_codes<F, S, true> for FP8 with an fp32 block scale, over blocks k, k + 1, ... while
+//! their scale `a` passes fp8_direct (one loop, so its constants stay in registers): codes
+//! converted as fp16 (fp8_as_half), times the scale (E4M3: times 2^8 * a, the same real product,
+//! so the same rounding), saturated (clamp_product). Writes no NaN. Returns the first block not
+//! decoded (count when all are). O(blocks decoded * F::block).
 template <class F, Sink S, class V>
-QCOLL_AVX2_INLINE void decode_fp8_block(float a, const unsigned char* codes, V* out) {
+QCOLL_AVX2_INLINE std::size_t decode_fp8_blocks(const unsigned char* codes, const unsigned char* meta,
+                                                float message_scale, V* out, std::size_t k,
+                                                std::size_t count) {
   using E = typename Codec<F>::Element;
-  const float s = E::ebits == 4 ? a * 256.0f : a;
-  for (std::size_t j = 0; j < F::block; j += 16) {
-    __builtin_prefetch(codes + j + 1024);  // the hardware prefetchers alone fall behind
-    f32x8 v0, v1;
-    fp8_as_half<E>(codes + j, v0, v1);
-    emit<S, true>(out + j, clamp_product(v0, s), clamp_product(v1, s));
+  constexpr std::size_t code_bytes = F::block;
+  for (; k < count; ++k) {
+    const float a = Codec<F>::dec(F::load_meta(meta + k * F::meta_bytes, message_scale)).a;
+    if (!fp8_direct(a)) break;
+    const float s = E::ebits == 4 ? a * 256.0f : a;
+    const unsigned char* c = codes + k * code_bytes;
+    V* o = out + k * F::block;
+    for (std::size_t j = 0; j < F::block; j += 16) {
+      __builtin_prefetch(c + j + 1024);  // the hardware prefetchers alone fall behind
+      f32x8 v0, v1;
+      fp8_as_half<E>(c + j, v0, v1);
+      emit<S, true>(o + j, clamp_product<E::has_inf>(v0, s), clamp_product<E::has_inf>(v1, s));
+    }
   }
+  return k;
 }
 
 //! Whether an MX block's products v * a * b (v an element value of E, a and b the block's decode
 //! factors) narrow to bfloat16 exactly: a and b finite, and the least nonzero |v| times |a|, and
 //! times |a * b|, normal. Every product is then exact, with at most 4 significant bits, and 0,
-//! normal or ±Inf; NaN codes give 0x7fffffff (half_value). O(1).
+//! normal or ±Inf. O(1).
 template <class E>
 inline bool mx_narrows_exactly(float a, float b) {
   static_assert(E::mbits <= 3, "at most 4 significant bits");
@@ -1250,6 +1278,51 @@ inline bool mx_narrows_exactly(float a, float b) {
   const double x = least * static_cast<double>(fp::abs(a));
   return fp::is_finite(a) && fp::is_finite(b) && x >= 0x1p-126 &&
          x * static_cast<double>(fp::abs(b)) >= 0x1p-126;
+}
+
+//! Whether F is an MX format with minifloat elements.
+template <class F>
+struct mx_minifloat : std::false_type {};
+template <class E>
+struct mx_minifloat<MxFloat<E>> : std::true_type {};
+
+//! decode_codes<F, S, false, true, true> for an MX format F with minifloat elements into
+//! bfloat16, over blocks k, k + 1, ... while their decode factors pass mx_narrows_exactly and
+//! c = a * b * 2^(15 - bias) (elements converted as fp16, 2^0 for E5M2) or a * b (elements looked
+//! up) is at most 2^127: each element (fp16-converted or looked up) times c, one multiplication.
+//! c is exact (powers of two, at least 2^-126 by mx_narrows_exactly), and the product is the same
+//! real number as the scalar v * a * b, which is exact, so the same float; E4M3 and E5M2 NaN codes
+//! give the NaN 0x7fffe000 (fp8_as_half, canonical), written as 0x7fff as F::decode's 0x7fffffff.
+//! Returns the first block not decoded (count when all are). O(blocks decoded * F::block).
+template <class F, Sink S>
+QCOLL_AVX2_INLINE std::size_t decode_mx_exact_blocks(const DecodeTable<F>& table, const unsigned char* codes,
+                                                     const unsigned char* meta, float message_scale,
+                                                     bfloat16* out, std::size_t k, std::size_t count) {
+  using E = typename Codec<F>::Element;
+  constexpr int shift = !mx_via_half<F>::value || (E::bits == 8 && E::ebits == 5) ? 0 : 15 - E::bias;
+  constexpr std::size_t code_bytes = F::block * F::code_bits / 8;
+  for (; k < count; ++k) {
+    const auto dec = Codec<F>::dec(F::load_meta(meta + k * F::meta_bytes, message_scale));
+    const double c = static_cast<double>(dec.a) * static_cast<double>(dec.b) * (1 << shift);
+    if (!mx_narrows_exactly<E>(dec.a, dec.b) || !(c <= 0x1p127)) break;
+    const float cf = static_cast<float>(c);
+    const unsigned char* p = codes + k * code_bytes;
+    bfloat16* o = out + k * F::block;
+    for (std::size_t j = 0; j < F::block; j += 16) {
+      __builtin_prefetch(p + j * F::code_bits / 8 + 1024);  // the hardware prefetchers alone fall behind
+      f32x8 v0, v1;
+      if constexpr (F::code_bits == 8) {
+        fp8_as_half<E, true>(p + j, v0, v1);
+      } else if constexpr (F::code_bits == 6) {
+        fp6_as_half<E>(unpack8<6>(p, j), unpack8<6>(p, j + 8), v0, v1);
+      } else {
+        v0 = table(unpack8<F::code_bits>(p, j));
+        v1 = table(unpack8<F::code_bits>(p, j + 8));
+      }
+      emit<S, true, true>(o + j, v0 * cf, v1 * cf);
+    }
+  }
+  return k;
 }
 
 //! Decodes `count` full blocks (codes of block k at codes + k * code bytes, its meta bytes at
@@ -1263,24 +1336,19 @@ QCOLL_AVX2 inline void decode_full_blocks(const unsigned char* codes, const unsi
   DecodeTable<F> table;
   table.fill();
   for (std::size_t k = 0; k < count; ++k) {
-    const auto dec = Codec<F>::dec(F::load_meta(meta + k * F::meta_bytes, message_scale));
     if constexpr (via_half<Codec<F>>::value) {
-      const float m = fp::abs(dec.a);
-      if (m > 0.0f && m < small_scale) {  // NaN fails
-        decode_fp8_block<F, S>(dec.a, codes + k * code_bytes, out + k * F::block);
-        continue;
-      }
+      k = decode_fp8_blocks<F, S>(codes, meta, message_scale, out, k, count);
+      if (k == count) break;
     }
+    if constexpr (mx_minifloat<F>::value && std::is_same<V, bfloat16>::value) {
+      k = decode_mx_exact_blocks<F, S>(table, codes, meta, message_scale, out, k, count);
+      if (k == count) break;
+    }
+    const auto dec = Codec<F>::dec(F::load_meta(meta + k * F::meta_bytes, message_scale));
     // NanFree matters to 16-bit outputs only (fp32 outputs keep one instantiation per Sat).
     constexpr bool narrow16_out = sizeof(V) == 2;
     const unsigned char* c = codes + k * code_bytes;
     V* o = out + k * F::block;
-    if constexpr (mx_via_half<F>::value && std::is_same<V, bfloat16>::value) {
-      if (mx_narrows_exactly<typename Codec<F>::Element>(dec.a, dec.b)) {  // MX never saturates
-        decode_codes<F, S, false, true, true>(dec, table, c, o);
-        continue;
-      }
-    }
     if (narrow16_out && dec.nan_free()) {
       if (dec.saturates()) {
         decode_codes<F, S, true, narrow16_out>(dec, table, c, o);
