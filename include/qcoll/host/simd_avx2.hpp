@@ -7,12 +7,13 @@
 //! registers (one lane per block after a transposing max tree), their metas are computed lane by
 //! lane, and each block (still in L1) is encoded eight elements at a time and packed to 8, 6 or 4
 //! bits in registers; the asymmetric formats take the scalar make_meta per block. Decoding
-//! unpacks codes straight into 32-bit lanes, looks minifloat codes up in a table of their values
-//! (a permutation for 4-bit codes, a gather otherwise; FP8 with an fp32 block scale instead goes
-//! through the fp16 conversion), and writes 16 values at a time, non-temporally for large
-//! outputs, rounding 16-bit outputs without the NaN fix-up where no value can be NaN. The
-//! identity formats (unquantized f32, bf16, f16) have conversion loops of their own. Every vector
-//! step is the IEEE operation (or integer bit manipulation) that the format's scalar function
+//! unpacks codes straight into 32-bit lanes (8- and 6-bit minifloat codes into fp16 words, which
+//! the fp16 conversion widens exactly), looks the other minifloat codes up in a table of their
+//! values (a permutation for 4-bit codes, a gather otherwise), runs the common kinds of block (FP8 with a
+//! moderate fp32 scale, MX into bfloat16 with exact products) in loops of their own, and writes 16 values at
+//! a time, non-temporally for large outputs, rounding 16-bit outputs without the NaN fix-up where no value
+//! can be NaN. The identity formats (unquantized f32, bf16, f16) have conversion loops of their own. Every
+//! vector step is the IEEE operation (or integer bit manipulation) that the format's scalar function
 //! performs, in the same order, or one shown to give the same result (noted where used), so the
 //! bytes are those of the portable loops.
 //!
@@ -55,6 +56,7 @@ typedef int i32x8 __attribute__((vector_size(32)));
 typedef unsigned u32x8 __attribute__((vector_size(32)));
 typedef long long i64x4 __attribute__((vector_size(32)));
 typedef short i16x16 __attribute__((vector_size(32)));
+typedef unsigned short u16x16 __attribute__((vector_size(32)));
 typedef char i8x32 __attribute__((vector_size(32)));
 typedef float f32x4 __attribute__((vector_size(16)));
 typedef int i32x4 __attribute__((vector_size(16)));
@@ -823,11 +825,11 @@ QCOLL_AVX2_INLINE void store_codes32(i8x32 c, unsigned char* out, bool stream = 
   }
 }
 
-//! The eight Bits-bit codes of elements [j, j + 8) of a packed block, one per 32-bit lane: zero-
-//! or (Signed) sign-extended.
+//! The eight Bits-bit codes (4 or 8 bits; 6-bit codes: fp6_as_half) of elements [j, j + 8) of a
+//! packed block, one per 32-bit lane: zero- or (Signed) sign-extended.
 template <unsigned Bits, bool Signed = false>
 QCOLL_AVX2_INLINE i32x8 unpack8(const unsigned char* codes, std::size_t j) {
-  static_assert(!Signed || Bits != 6, "6-bit codes are unsigned");
+  static_assert(Bits == 8 || Bits == 4, "codes of 4 or 8 bits");
   if constexpr (Bits == 8) {
     return widen8<Signed>(codes + j);
   } else if constexpr (Bits == 4) {
@@ -838,18 +840,6 @@ QCOLL_AVX2_INLINE i32x8 unpack8(const unsigned char* codes, std::size_t j) {
     } else {
       return (i32x8)(((u32x8{} + w) >> u32x8{0, 4, 8, 12, 16, 20, 24, 28}) & 0xfu);
     }
-  } else {
-    static_assert(Bits == 6, "codes of 4, 6 or 8 bits");
-    // bytes 0-2 (codes 0-3) into each 32-bit lane of the low half, bytes 3-5 into the high half.
-    // One 8-byte load (a narrower one would stall on store forwarding): its last two bytes may
-    // lie past the block's codes, but still inside the message, whose block metas follow.
-    long long w;
-    std::memcpy(&w, codes + j / 4 * 3, 8);
-    const i8x32 b = (i8x32)(i64x4{} + w);
-    const i8x32 idx = {0, 1, 2, -1, 0, 1, 2, -1, 0, 1, 2, -1, 0, 1, 2, -1,
-                       3, 4, 5, -1, 3, 4, 5, -1, 3, 4, 5, -1, 3, 4, 5, -1};
-    const u32x8 g = (u32x8)__builtin_ia32_pshufb256(b, idx);
-    return (i32x8)((g >> u32x8{0, 6, 12, 18, 0, 6, 12, 18}) & 0x3fu);
   }
 }
 
@@ -1184,14 +1174,31 @@ QCOLL_AVX2_INLINE f32x8 clamp_product(f32x8 v, float scale) {
   return hi;
 }
 
-//! Sixteen 6-bit minifloat codes (c0, c1: one per 32-bit lane, sign in bit 5; every code finite)
-//! converted as fp16: the magnitude bits placed in an fp16 give the value times 2^(E::bias - 15),
-//! subnormals included. Exact.
-template <class E>
-QCOLL_AVX2_INLINE void fp6_as_half(i32x8 c0, i32x8 c1, f32x8& lo, f32x8& hi) {
+//! The sixteen 6-bit minifloat codes of elements [j, j + 16) of a packed block of CodeBytes bytes
+//! (j a multiple of 16; code i in bits [6i, 6i + 6) of the little-endian block) converted as fp16:
+//! the magnitude bits placed in an fp16 give the value times 2^(E::bias - 15), subnormals included.
+//! Exact. One 16-byte load, inside the block (ending at its end for the block's last 16 codes),
+//! copied to both halves; a byte shuffle puts the two bytes holding code i in 16-bit word i, and a
+//! multiplication by 2^(10 - r) (r: the code's bit offset in its first byte) moves the code to bits
+//! 10-15, the sign at bit 15; an arithmetic shift by mbits then places the magnitude, and the
+//! mask clears the sign's copies and the bits below the code.
+template <class E, std::size_t CodeBytes>
+QCOLL_AVX2_INLINE void fp6_as_half(const unsigned char* codes, std::size_t j, f32x8& lo, f32x8& hi) {
   static_assert(E::bits == 6 && !E::has_nan && !E::has_inf, "finite 6-bit codes");
-  const i16x16 w = (i16x16)pack_u16(c0, c1);
-  const i16x16 h = ((w & 0x1f) << (10 - E::mbits)) | ((w << 10) & (short)0x8000);
+  static_assert(CodeBytes % 24 == 0, "blocks of a multiple of 32 codes");
+  const std::size_t first = j / 4 * 3;       // the byte holding code j's first bit
+  const bool last = first + 16 > CodeBytes;  // then load the block's last 16 bytes
+  i64x2 b;
+  std::memcpy(&b, codes + (last ? CodeBytes - 16 : first), sizeof b);
+  const i8x32 both = (i8x32)__builtin_shufflevector(b, b, 0, 1, 0, 1);
+  // code 8L + w (w < 8) starts at bit 48L + 6w: byte 6L + 6w / 8, offset 6w % 8
+  const i8x32 idx0 = {0, 1, 0, 1, 1, 2, 2, 3, 3, 4,  3, 4,  4,  5,  5,  6,
+                      6, 7, 6, 7, 7, 8, 8, 9, 9, 10, 9, 10, 10, 11, 11, 12};
+  const i8x32 idx = last ? idx0 + 4 : idx0;
+  const i16x16 w = (i16x16)__builtin_ia32_pshufb256(both, idx);
+  const i16x16 top = (i16x16)((u16x16)w * u16x16{1024, 16, 64, 256, 1024, 16, 64, 256, 1024, 16, 64, 256,
+                                                 1024, 16, 64, 256});
+  const i16x16 h = (top >> E::mbits) & static_cast<short>(0x8000 | (0x1f << (10 - E::mbits)));
   lo = __builtin_ia32_vcvtph2ps256(__builtin_shufflevector(h, h, 0, 1, 2, 3, 4, 5, 6, 7));
   hi = __builtin_ia32_vcvtph2ps256(__builtin_shufflevector(h, h, 8, 9, 10, 11, 12, 13, 14, 15));
 }
@@ -1219,7 +1226,7 @@ QCOLL_AVX2_INLINE void decode_codes(const Dec& dec, const DecodeTable<F>& table,
       if constexpr (F::code_bits == 8) {
         fp8_as_half<E>(codes + j, v0, v1);
       } else {
-        fp6_as_half<E>(unpack8<6, sx>(codes, j), unpack8<6, sx>(codes, j + 8), v0, v1);
+        fp6_as_half<E, F::block * 6 / 8>(codes, j, v0, v1);
       }
       emit<S, NanFree>(out + j, dec.template scaled<Sat>(half_value<E>(v0)),
                        dec.template scaled<Sat>(half_value<E>(v1)));
@@ -1314,7 +1321,7 @@ QCOLL_AVX2_INLINE std::size_t decode_mx_exact_blocks(const DecodeTable<F>& table
       if constexpr (F::code_bits == 8) {
         fp8_as_half<E, true>(p + j, v0, v1);
       } else if constexpr (F::code_bits == 6) {
-        fp6_as_half<E>(unpack8<6>(p, j), unpack8<6>(p, j + 8), v0, v1);
+        fp6_as_half<E, code_bytes>(p, j, v0, v1);
       } else {
         v0 = table(unpack8<F::code_bits>(p, j));
         v1 = table(unpack8<F::code_bits>(p, j + 8));
