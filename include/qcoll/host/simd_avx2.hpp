@@ -1274,60 +1274,102 @@ QCOLL_AVX2_INLINE std::size_t decode_fp8_blocks(const unsigned char* codes, cons
   return k;
 }
 
-//! Whether an MX block's products v * a * b (v an element value of E, a and b the block's decode
-//! factors) narrow to bfloat16 exactly: a and b finite, and the least nonzero |v| times |a|, and
-//! times |a * b|, normal. Every product is then exact, with at most 4 significant bits, and 0,
-//! normal or ±Inf. O(1).
-template <class E>
-inline bool mx_narrows_exactly(float a, float b) {
-  static_assert(E::mbits <= 3, "at most 4 significant bits");
-  constexpr double least = 1.0 / static_cast<double>(1ull << (E::bias + E::mbits - 1));
-  const double x = least * static_cast<double>(fp::abs(a));
-  return fp::is_finite(a) && fp::is_finite(b) && x >= 0x1p-126 &&
-         x * static_cast<double>(fp::abs(b)) >= 0x1p-126;
-}
-
-//! Whether F is an MX format with minifloat elements.
+//! The elements of an MX format F as decode_mx_exact_blocks reads them (defined for the formats
+//! whose element values have at most 8 significant bits, so that their exact products are
+//! bfloat16 values): `read` gives sixteen values r, each the element value v divided by `unit` (a
+//! power of two), exactly; `least` is the least nonzero |v|.
 template <class F>
-struct mx_minifloat : std::false_type {};
+struct MxElements;
 template <class E>
-struct mx_minifloat<MxFloat<E>> : std::true_type {};
+struct MxElements<MxFloat<E>> {
+  static_assert(E::mbits <= 7, "at most 8 significant bits");
+  using F = MxFloat<E>;
+  static constexpr double least = 1.0 / static_cast<double>(1ull << (E::bias + E::mbits - 1));
+  //! fp16-converted codes (see half_value) carry 2^(bias - 15), E5M2's none; looked-up ones none
+  static constexpr double unit = !mx_via_half<F>::value || (E::bits == 8 && E::ebits == 5)
+                                     ? 1.0
+                                     : static_cast<double>(1 << (15 - E::bias));
+  QCOLL_AVX2_INLINE static void read(const DecodeTable<F>& table, const unsigned char* p, std::size_t j,
+                                     f32x8& v0, f32x8& v1) {
+    if constexpr (F::code_bits == 8) {
+      fp8_as_half<E, true>(p + j, v0, v1);
+    } else if constexpr (F::code_bits == 6) {
+      fp6_as_half<E, F::block * 6 / 8>(p, j, v0, v1);
+    } else {
+      v0 = table(unpack8<F::code_bits>(p, j));
+      v1 = table(unpack8<F::code_bits>(p, j + 8));
+    }
+  }
+};
+template <>
+struct MxElements<MxInt8> {
+  static constexpr double least = 0.015625, unit = 0.015625;  // codes times 2^-6
+  QCOLL_AVX2_INLINE static void read(const DecodeTable<MxInt8>&, const unsigned char* p, std::size_t j,
+                                     f32x8& v0, f32x8& v1) {
+    v0 = __builtin_convertvector(widen8<true>(p + j), f32x8);
+    v1 = __builtin_convertvector(widen8<true>(p + j + 8), f32x8);
+  }
+};
 
-//! decode_codes<F, S, false, true, true> for an MX format F with minifloat elements into
-//! bfloat16, over blocks k, k + 1, ... while their decode factors pass mx_narrows_exactly and
-//! c = a * b * 2^(15 - bias) (elements converted as fp16, 2^0 for E5M2) or a * b (elements looked
-//! up) is at most 2^127: each element (fp16-converted or looked up) times c, one multiplication.
-//! c is exact (powers of two, at least 2^-126 by mx_narrows_exactly), and the product is the same
-//! real number as the scalar v * a * b, which is exact, so the same float; E4M3 and E5M2 NaN codes
-//! give the NaN 0x7fffe000 (fp8_as_half, canonical), written as 0x7fff as F::decode's 0x7fffffff.
-//! Returns the first block not decoded (count when all are). O(blocks decoded * F::block).
+//! Whether decode_mx_exact_blocks serves F.
+template <class F, class = void>
+struct mx_exact : std::false_type {};
+template <class F>
+struct mx_exact<F, std::void_t<decltype(MxElements<F>::least)>> : std::true_type {};
+
+//! decode_codes<F, S, false, true> for an MX format F (MxElements) into bfloat16, over blocks k,
+//! k + 1, ... while their decode factors a, b are finite, least * |a| and least * |a * b| are
+//! normal, and c = a * b * unit is at most 2^127: each value read times c, one multiplication.
+//! F::decode computes (v * a) * b; v * a is then exact (normal, and finite: |a| <= 2^63), so
+//! that product is one rounding of the real v * a * b, and so is r * c, c being exact (powers of
+//! two, at least 2^-126); every nonzero product is normal or ±Inf with at most 8 significant bits,
+//! a bfloat16 value, so the top halves are the outputs. E4M3 and E5M2 NaN codes read as the NaN
+//! 0x7fffe000 (fp8_as_half, canonical), written as 0x7fff as F::decode's 0x7fffffff is. Returns
+//! the first block not decoded (count when all are). O(blocks decoded * F::block).
 template <class F, Sink S>
 QCOLL_AVX2_INLINE std::size_t decode_mx_exact_blocks(const DecodeTable<F>& table, const unsigned char* codes,
                                                      const unsigned char* meta, float message_scale,
                                                      bfloat16* out, std::size_t k, std::size_t count) {
-  using E = typename Codec<F>::Element;
-  constexpr int shift = !mx_via_half<F>::value || (E::bits == 8 && E::ebits == 5) ? 0 : 15 - E::bias;
+  using X = MxElements<F>;
   constexpr std::size_t code_bytes = F::block * F::code_bits / 8;
   for (; k < count; ++k) {
     const auto dec = Codec<F>::dec(F::load_meta(meta + k * F::meta_bytes, message_scale));
-    const double c = static_cast<double>(dec.a) * static_cast<double>(dec.b) * (1 << shift);
-    if (!mx_narrows_exactly<E>(dec.a, dec.b) || !(c <= 0x1p127)) break;
+    const double a = static_cast<double>(dec.a), ab = a * static_cast<double>(dec.b);
+    const double c = ab * X::unit;
+    // (MX factors are positive powers of two or NaN; anything else fails and takes the general path)
+    if (!fp::is_finite(dec.a) || !fp::is_finite(dec.b) || !(X::least * a >= 0x1p-126) ||
+        !(X::least * ab >= 0x1p-126) || !(c <= 0x1p127))
+      break;
     const float cf = static_cast<float>(c);
     const unsigned char* p = codes + k * code_bytes;
     bfloat16* o = out + k * F::block;
     for (std::size_t j = 0; j < F::block; j += 16) {
       __builtin_prefetch(p + j * F::code_bits / 8 + 1024);  // the hardware prefetchers alone fall behind
       f32x8 v0, v1;
-      if constexpr (F::code_bits == 8) {
-        fp8_as_half<E, true>(p + j, v0, v1);
-      } else if constexpr (F::code_bits == 6) {
-        fp6_as_half<E, code_bytes>(p, j, v0, v1);
-      } else {
-        v0 = table(unpack8<F::code_bits>(p, j));
-        v1 = table(unpack8<F::code_bits>(p, j + 8));
-      }
+      X::read(table, p, j, v0, v1);
       emit<S, true, true>(o + j, v0 * cf, v1 * cf);
     }
+  }
+  return k;
+}
+
+//! decode_codes<NvFp4, S, false, true> over blocks k, k + 1, ... while their block scale (an E4M3
+//! code) is not NaN, for a message scale a that cannot saturate (finite, |a| < 2^100; the caller
+//! checks): each value (v * b) * a as NvFp4::decode computes it, b from a table of the 256 E4M3
+//! values (`scales`). One loop whose constants stay in registers. Returns the first block not
+//! decoded (count when all are). O(blocks decoded * 16).
+template <Sink S, class V>
+QCOLL_AVX2_INLINE std::size_t decode_nvfp4_blocks(const DecodeTable<NvFp4>& table,
+                                                  const MinifloatTable<minifloat::E4M3>& scales,
+                                                  const unsigned char* codes, const unsigned char* meta,
+                                                  float a, V* out, std::size_t k, std::size_t count) {
+  static_assert(NvFp4::block == 16 && NvFp4::meta_bytes == 1, "16 E2M1 codes and one E4M3 code per block");
+  for (; k < count; ++k) {
+    if ((meta[k] & 0x7f) == 0x7f) break;  // a NaN block scale
+    const float b = fp::from_bits(static_cast<std::uint32_t>(scales.bits[meta[k]]));
+    const unsigned char* c = codes + k * 8;
+    __builtin_prefetch(c + 1024);  // the hardware prefetchers alone fall behind
+    emit<S, true>(out + k * 16, table(unpack8<4>(c, 0)) * b * a, table(unpack8<4>(c, 8)) * b * a);
   }
   return k;
 }
@@ -1342,12 +1384,21 @@ QCOLL_AVX2 inline void decode_full_blocks(const unsigned char* codes, const unsi
   constexpr std::size_t code_bytes = F::block * F::code_bits / 8;
   DecodeTable<F> table;
   table.fill();
+  [[maybe_unused]] std::conditional_t<std::is_same<F, NvFp4>::value, MinifloatTable<minifloat::E4M3>, char>
+      scales;
+  if constexpr (std::is_same<F, NvFp4>::value) scales.fill();
   for (std::size_t k = 0; k < count; ++k) {
     if constexpr (via_half<Codec<F>>::value) {
       k = decode_fp8_blocks<F, S>(codes, meta, message_scale, out, k, count);
       if (k == count) break;
     }
-    if constexpr (mx_minifloat<F>::value && std::is_same<V, bfloat16>::value) {
+    if constexpr (std::is_same<F, NvFp4>::value) {
+      if (fp::abs(message_scale) < small_scale) {  // finite, cannot saturate (NaN fails)
+        k = decode_nvfp4_blocks<S>(table, scales, codes, meta, message_scale, out, k, count);
+        if (k == count) break;
+      }
+    }
+    if constexpr (mx_exact<F>::value && std::is_same<V, bfloat16>::value) {
       k = decode_mx_exact_blocks<F, S>(table, codes, meta, message_scale, out, k, count);
       if (k == count) break;
     }
