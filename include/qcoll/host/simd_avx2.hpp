@@ -6,16 +6,17 @@
 //! Quantizing runs over groups of up to eight full blocks: their absmax is reduced in vector
 //! registers (one lane per block after a transposing max tree), their metas are computed lane by
 //! lane, and each block (still in L1) is encoded eight elements at a time and packed to 8, 6 or 4
-//! bits in registers; the asymmetric formats take the scalar make_meta per block. Decoding
-//! unpacks codes straight into 32-bit lanes (8- and 6-bit minifloat codes into fp16 words, which
-//! the fp16 conversion widens exactly), looks the other minifloat codes up in a table of their
-//! values (a permutation for 4-bit codes, a gather otherwise), runs the common kinds of block (FP8 with a
-//! moderate fp32 scale, MX into bfloat16 with exact products) in loops of their own, and writes 16 values at
-//! a time, non-temporally for large outputs, rounding 16-bit outputs without the NaN fix-up where no value
-//! can be NaN. The identity formats (unquantized f32, bf16, f16) have conversion loops of their own. Every
-//! vector step is the IEEE operation (or integer bit manipulation) that the format's scalar function
-//! performs, in the same order, or one shown to give the same result (noted where used), so the
-//! bytes are those of the portable loops.
+//! bits in registers; the asymmetric formats take the scalar make_meta per block. Decoding unpacks
+//! codes straight into 32-bit lanes (8- and 6-bit minifloat codes into fp16 words, which the fp16
+//! conversion widens exactly), looks the other minifloat codes up in a table of their values (a
+//! permutation for 4-bit codes, a gather otherwise), runs the common kinds of block (FP8 with a
+//! moderate fp32 scale, NVFP4 with a moderate message scale, MX into bfloat16 with exact products)
+//! in loops of their own, and writes 16 values at a time, non-temporally for large outputs,
+//! rounding 16-bit outputs without the NaN fix-up where no value can be NaN. The identity formats
+//! (unquantized f32, bf16, f16) have conversion loops of their own. Every vector step is the IEEE
+//! operation (or integer bit manipulation) that the format's scalar function performs, in the same
+//! order, or one shown to give the same result (noted where used), so the bytes are those of the
+//! portable loops.
 //!
 //! Written with the compilers' vector extensions and a few x86 builtins instead of <immintrin.h>,
 //! whose parsing alone would cost every includer about half a second.
@@ -1384,6 +1385,7 @@ QCOLL_AVX2 inline void decode_full_blocks(const unsigned char* codes, const unsi
   constexpr std::size_t code_bytes = F::block * F::code_bits / 8;
   DecodeTable<F> table;
   table.fill();
+  // NVFP4: the values of the 256 E4M3 block-scale codes (decode_nvfp4_blocks)
   [[maybe_unused]] std::conditional_t<std::is_same<F, NvFp4>::value, MinifloatTable<minifloat::E4M3>, char>
       scales;
   if constexpr (std::is_same<F, NvFp4>::value) scales.fill();
