@@ -10,13 +10,12 @@
 //! codes straight into 32-bit lanes (8- and 6-bit minifloat codes into fp16 words, which the fp16
 //! conversion widens exactly), looks the other minifloat codes up in a table of their values (a
 //! permutation for 4-bit codes, a gather otherwise), runs the common kinds of block (FP8 with a
-//! moderate fp32 scale, NVFP4 with a moderate message scale, MX into bfloat16 with exact products)
-//! in loops of their own, and writes 16 values at a time, non-temporally for large outputs,
-//! rounding 16-bit outputs without the NaN fix-up where no value can be NaN. The identity formats
-//! (unquantized f32, bf16, f16) have conversion loops of their own. Every vector step is the IEEE
-//! operation (or integer bit manipulation) that the format's scalar function performs, in the same
-//! order, or one shown to give the same result (noted where used), so the bytes are those of the
-//! portable loops.
+//! moderate fp32 scale, NVFP4 with a moderate message scale, MX with exact products) in loops of
+//! their own, and writes 16 values at a time, non-temporally for large outputs, rounding 16-bit
+//! outputs without the NaN fix-up where no value can be NaN. The identity formats (unquantized f32,
+//! bf16, f16) have conversion loops of their own. Every vector step is the IEEE operation (or
+//! integer bit manipulation) that the format's scalar function performs, in the same order, or one
+//! shown to give the same result (noted where used), so the bytes are those of the portable loops.
 //!
 //! Written with the compilers' vector extensions and a few x86 builtins instead of <immintrin.h>,
 //! whose parsing alone would cost every includer about half a second.
@@ -1204,13 +1203,18 @@ QCOLL_AVX2_INLINE void fp6_as_half(const unsigned char* codes, std::size_t j, f3
   hi = __builtin_ia32_vcvtph2ps256(__builtin_shufflevector(h, h, 8, 9, 10, 11, 12, 13, 14, 15));
 }
 
+//! v with every NaN lane the positive 0x7fffffff (minifloat_decode's NaN).
+QCOLL_AVX2_INLINE f32x8 canonical_nan(f32x8 v) {
+  return sel(((i32x8)v & 0x7fffffff) > 0x7f800000, (f32x8)splat(0x7fffffff), v);
+}
+
 //! minifloat_decode<E> of codes from their fp16 conversion v (fp8_as_half, fp6_as_half): v times
 //! 2^(15 - E::bias) for E4M3 and the 6-bit elements (exact), every NaN as the positive 0x7fffffff.
 template <class E>
 QCOLL_AVX2_INLINE f32x8 half_value(f32x8 v) {
   constexpr int shift = E::bits == 8 && E::ebits == 5 ? 0 : 15 - E::bias;
   if constexpr (shift != 0) v = v * static_cast<float>(1 << shift);
-  if constexpr (E::has_nan) v = sel(((i32x8)v & 0x7fffffff) > 0x7f800000, (f32x8)splat(0x7fffffff), v);
+  if constexpr (E::has_nan) v = canonical_nan(v);
   return v;
 }
 
@@ -1278,7 +1282,8 @@ QCOLL_AVX2_INLINE std::size_t decode_fp8_blocks(const unsigned char* codes, cons
 //! The elements of an MX format F as decode_mx_exact_blocks reads them (defined for the formats
 //! whose element values have at most 8 significant bits, so that their exact products are
 //! bfloat16 values): `read` gives sixteen values r, each the element value v divided by `unit` (a
-//! power of two), exactly; `least` is the least nonzero |v|.
+//! power of two, 2^unit_log2), exactly, NaN codes as a NaN; `least` is the least nonzero |v|;
+//! `nan_codes`, whether some codes are NaN.
 template <class F>
 struct MxElements;
 template <class E>
@@ -1286,10 +1291,10 @@ struct MxElements<MxFloat<E>> {
   static_assert(E::mbits <= 7, "at most 8 significant bits");
   using F = MxFloat<E>;
   static constexpr double least = 1.0 / static_cast<double>(1ull << (E::bias + E::mbits - 1));
+  static constexpr bool nan_codes = E::has_nan;
   //! fp16-converted codes (see half_value) carry 2^(bias - 15), E5M2's none; looked-up ones none
-  static constexpr double unit = !mx_via_half<F>::value || (E::bits == 8 && E::ebits == 5)
-                                     ? 1.0
-                                     : static_cast<double>(1 << (15 - E::bias));
+  static constexpr int unit_log2 =
+      !mx_via_half<F>::value || (E::bits == 8 && E::ebits == 5) ? 0 : 15 - E::bias;
   QCOLL_AVX2_INLINE static void read(const DecodeTable<F>& table, const unsigned char* p, std::size_t j,
                                      f32x8& v0, f32x8& v1) {
     if constexpr (F::code_bits == 8) {
@@ -1304,7 +1309,9 @@ struct MxElements<MxFloat<E>> {
 };
 template <>
 struct MxElements<MxInt8> {
-  static constexpr double least = 0.015625, unit = 0.015625;  // codes times 2^-6
+  static constexpr double least = 0.015625;  // codes times 2^-6
+  static constexpr bool nan_codes = false;
+  static constexpr int unit_log2 = -6;
   QCOLL_AVX2_INLINE static void read(const DecodeTable<MxInt8>&, const unsigned char* p, std::size_t j,
                                      f32x8& v0, f32x8& v1) {
     v0 = __builtin_convertvector(widen8<true>(p + j), f32x8);
@@ -1318,37 +1325,68 @@ struct mx_exact : std::false_type {};
 template <class F>
 struct mx_exact<F, std::void_t<decltype(MxElements<F>::least)>> : std::true_type {};
 
-//! decode_codes<F, S, false, true> for an MX format F (MxElements) into bfloat16, over blocks k,
-//! k + 1, ... while their decode factors a, b are finite, least * |a| and least * |a * b| are
-//! normal, and c = a * b * unit is at most 2^127: each value read times c, one multiplication.
-//! F::decode computes (v * a) * b; v * a is then exact (normal, and finite: |a| <= 2^63), so
-//! that product is one rounding of the real v * a * b, and so is r * c, c being exact (powers of
-//! two, at least 2^-126); every nonzero product is normal or ±Inf with at most 8 significant bits,
-//! a bfloat16 value, so the top halves are the outputs. E4M3 and E5M2 NaN codes read as the NaN
-//! 0x7fffe000 (fp8_as_half, canonical), written as 0x7fff as F::decode's 0x7fffffff is. Returns
-//! the first block not decoded (count when all are). O(blocks decoded * F::block).
-template <class F, Sink S>
-QCOLL_AVX2_INLINE std::size_t decode_mx_exact_blocks(const DecodeTable<F>& table, const unsigned char* codes,
-                                                     const unsigned char* meta, float message_scale,
-                                                     bfloat16* out, std::size_t k, std::size_t count) {
+//! Whether decode_mx_exact_blocks decodes a block of F with decode factors a, b: both finite,
+//! least * |a| and least * |a * b| at least 2^-126, and a * b * unit at most 2^127 (see there).
+template <class F>
+inline bool mx_exact_factors(float a, float b) {
   using X = MxElements<F>;
+  // (MX factors are positive powers of two or NaN; anything else fails)
+  constexpr double unit = X::unit_log2 >= 0 ? static_cast<double>(1ull << X::unit_log2)
+                                            : 1.0 / static_cast<double>(1ull << -X::unit_log2);
+  const double ab = static_cast<double>(a) * static_cast<double>(b);
+  return fp::is_finite(a) && fp::is_finite(b) && X::least * static_cast<double>(a) >= 0x1p-126 &&
+         X::least * ab >= 0x1p-126 && ab * unit <= 0x1p127;
+}
+
+//! decode_codes<F, S, false, false> for an MX format F (MxElements), over blocks k, k + 1, ...
+//! while mx_exact_factors holds for their decode factors a, b: each value read times
+//! c = a * b * unit, one multiplication. F::decode computes (v * a) * b; v * a is then exact
+//! (normal, and finite: |a| <= 2^63), so that product is one rounding of the real v * a * b, and
+//! so is r * c, c being exact (a power of two, at least 2^-126). Every nonzero product is normal
+//! or ±Inf with at most 8 significant bits, a bfloat16 value, so bfloat16 outputs are the top
+//! halves. E4M3 and E5M2 NaN codes read as the NaN 0x7fffe000 (fp8_as_half, canonical), written
+//! as 0x7fff into bfloat16 and half, and made F::decode's 0x7fffffff for fp32 outputs. The factors depend on
+//! the block's E8M0 code e alone (a * b = 2^(e - 127), so c's bits are (e + unit_log2) << 23), and each
+//! condition is monotone in e, so the codes that pass form one interval, found once (at most 255 tests, a few
+//! in practice); each block then costs a byte load and a comparison. Returns the first block not decoded
+//! (count when all are). O(blocks decoded * F::block).
+template <class F, Sink S, class V>
+QCOLL_AVX2_INLINE std::size_t decode_mx_exact_blocks(const DecodeTable<F>& table, const unsigned char* codes,
+                                                     const unsigned char* meta, float message_scale, V* out,
+                                                     std::size_t k, std::size_t count) {
+  using X = MxElements<F>;
+  static_assert(F::meta_bytes == 1, "an E8M0 code per block");
   constexpr std::size_t code_bytes = F::block * F::code_bits / 8;
+  const auto passes = [message_scale](unsigned e) {
+    const unsigned char m = static_cast<unsigned char>(e);
+    const auto dec = Codec<F>::dec(F::load_meta(&m, message_scale));
+    return mx_exact_factors<F>(dec.a, dec.b);
+  };
+  unsigned lo = 0, hi = 254;
+  while (lo <= hi && !passes(lo)) ++lo;
+  if (lo > hi) return k;
+  while (!passes(hi)) --hi;
   for (; k < count; ++k) {
-    const auto dec = Codec<F>::dec(F::load_meta(meta + k * F::meta_bytes, message_scale));
-    const double a = static_cast<double>(dec.a), ab = a * static_cast<double>(dec.b);
-    const double c = ab * X::unit;
-    // (MX factors are positive powers of two or NaN; anything else fails and takes the general path)
-    if (!fp::is_finite(dec.a) || !fp::is_finite(dec.b) || !(X::least * a >= 0x1p-126) ||
-        !(X::least * ab >= 0x1p-126) || !(c <= 0x1p127))
-      break;
-    const float cf = static_cast<float>(c);
+    const unsigned e = meta[k];
+    if (e - lo > hi - lo) break;  // e < lo wraps around
+    const float c = fp::from_bits(static_cast<std::uint32_t>(static_cast<int>(e) + X::unit_log2) << 23);
     const unsigned char* p = codes + k * code_bytes;
-    bfloat16* o = out + k * F::block;
+    V* o = out + k * F::block;
     for (std::size_t j = 0; j < F::block; j += 16) {
       __builtin_prefetch(p + j * F::code_bits / 8 + 1024);  // the hardware prefetchers alone fall behind
       f32x8 v0, v1;
       X::read(table, p, j, v0, v1);
-      emit<S, true, true>(o + j, v0 * cf, v1 * cf);
+      v0 = v0 * c;
+      v1 = v1 * c;
+      if constexpr (std::is_same<V, bfloat16>::value) {
+        emit<S, true, true>(o + j, v0, v1);
+      } else {
+        if constexpr (X::nan_codes && sizeof(V) == 4) {
+          v0 = canonical_nan(v0);
+          v1 = canonical_nan(v1);
+        }
+        emit<S, !X::nan_codes>(o + j, v0, v1);
+      }
     }
   }
   return k;
@@ -1400,7 +1438,7 @@ QCOLL_AVX2 inline void decode_full_blocks(const unsigned char* codes, const unsi
         if (k == count) break;
       }
     }
-    if constexpr (mx_exact<F>::value && std::is_same<V, bfloat16>::value) {
+    if constexpr (mx_exact<F>::value) {
       k = decode_mx_exact_blocks<F, S>(table, codes, meta, message_scale, out, k, count);
       if (k == count) break;
     }
