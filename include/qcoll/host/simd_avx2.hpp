@@ -1338,37 +1338,52 @@ inline bool mx_exact_factors(float a, float b) {
          X::least * ab >= 0x1p-126 && ab * unit <= 0x1p127;
 }
 
+//! The E8M0 codes [lo, hi] of the blocks of F whose decode factors pass mx_exact_factors (empty:
+//! lo > hi; every format without MxElements). The factors depend on the code e alone (a * b =
+//! 2^(e - 127)), and each condition is monotone in e, so the codes that pass form one interval:
+//! found once per message, by tests from both ends (a few in practice, at most 255).
+struct MxCodes {
+  unsigned lo, hi;
+};
+template <class F>
+inline MxCodes mx_exact_codes(float message_scale) {
+  if constexpr (mx_exact<F>::value) {
+    static_assert(F::meta_bytes == 1, "an E8M0 code per block");
+    const auto passes = [message_scale](unsigned e) {
+      const unsigned char m = static_cast<unsigned char>(e);
+      const auto dec = Codec<F>::dec(F::load_meta(&m, message_scale));
+      return mx_exact_factors<F>(dec.a, dec.b);
+    };
+    MxCodes r{0, 254};  // 255 is NaN
+    while (r.lo <= r.hi && !passes(r.lo)) ++r.lo;
+    while (r.lo <= r.hi && !passes(r.hi)) --r.hi;
+    return r;
+  } else {
+    return MxCodes{1, 0};
+  }
+}
+
 //! decode_codes<F, S, false, false> for an MX format F (MxElements), over blocks k, k + 1, ...
-//! while mx_exact_factors holds for their decode factors a, b: each value read times
-//! c = a * b * unit, one multiplication. F::decode computes (v * a) * b; v * a is then exact
-//! (normal, and finite: |a| <= 2^63), so that product is one rounding of the real v * a * b, and
-//! so is r * c, c being exact (a power of two, at least 2^-126). Every nonzero product is normal
-//! or ±Inf with at most 8 significant bits, a bfloat16 value, so bfloat16 outputs are the top
-//! halves. E4M3 and E5M2 NaN codes read as the NaN 0x7fffe000 (fp8_as_half, canonical), written
-//! as 0x7fff into bfloat16 and half, and made F::decode's 0x7fffffff for fp32 outputs. The factors depend on
-//! the block's E8M0 code e alone (a * b = 2^(e - 127), so c's bits are (e + unit_log2) << 23), and each
-//! condition is monotone in e, so the codes that pass form one interval, found once (at most 255 tests, a few
-//! in practice); each block then costs a byte load and a comparison. Returns the first block not decoded
-//! (count when all are). O(blocks decoded * F::block).
+//! whose E8M0 code e lies in `codes` (mx_exact_codes): each value read times c = a * b * unit,
+//! one multiplication, c's bits being (e + unit_log2) << 23. F::decode computes (v * a) * b;
+//! v * a is exact there (normal, and finite: |a| <= 2^63), so that product is one rounding of
+//! the real v * a * b, and so is r * c, c being exact (a power of two, at least 2^-126). Every
+//! nonzero product is normal or ±Inf with at most 8 significant bits, a bfloat16 value, so
+//! bfloat16 outputs are the top halves. E4M3 and E5M2 NaN codes read as the NaN 0x7fffe000
+//! (fp8_as_half, canonical), written as 0x7fff into bfloat16 and half, and made F::decode's
+//! 0x7fffffff for fp32 outputs. A block costs a byte load and a comparison besides its
+//! elements. Returns the first block not decoded (count when all are).
+//! O(blocks decoded * F::block).
 template <class F, Sink S, class V>
-QCOLL_AVX2_INLINE std::size_t decode_mx_exact_blocks(const DecodeTable<F>& table, const unsigned char* codes,
-                                                     const unsigned char* meta, float message_scale, V* out,
-                                                     std::size_t k, std::size_t count) {
+QCOLL_AVX2_INLINE std::size_t decode_mx_exact_blocks(const DecodeTable<F>& table, MxCodes range,
+                                                     const unsigned char* codes, const unsigned char* meta,
+                                                     V* out, std::size_t k, std::size_t count) {
   using X = MxElements<F>;
-  static_assert(F::meta_bytes == 1, "an E8M0 code per block");
   constexpr std::size_t code_bytes = F::block * F::code_bits / 8;
-  const auto passes = [message_scale](unsigned e) {
-    const unsigned char m = static_cast<unsigned char>(e);
-    const auto dec = Codec<F>::dec(F::load_meta(&m, message_scale));
-    return mx_exact_factors<F>(dec.a, dec.b);
-  };
-  unsigned lo = 0, hi = 254;
-  while (lo <= hi && !passes(lo)) ++lo;
-  if (lo > hi) return k;
-  while (!passes(hi)) --hi;
+  if (range.lo > range.hi) return k;
   for (; k < count; ++k) {
     const unsigned e = meta[k];
-    if (e - lo > hi - lo) break;  // e < lo wraps around
+    if (e - range.lo > range.hi - range.lo) break;  // e < lo wraps around
     const float c = fp::from_bits(static_cast<std::uint32_t>(static_cast<int>(e) + X::unit_log2) << 23);
     const unsigned char* p = codes + k * code_bytes;
     V* o = out + k * F::block;
@@ -1427,6 +1442,7 @@ QCOLL_AVX2 inline void decode_full_blocks(const unsigned char* codes, const unsi
   [[maybe_unused]] std::conditional_t<std::is_same<F, NvFp4>::value, MinifloatTable<minifloat::E4M3>, char>
       scales;
   if constexpr (std::is_same<F, NvFp4>::value) scales.fill();
+  [[maybe_unused]] const MxCodes mx_codes = mx_exact_codes<F>(message_scale);
   for (std::size_t k = 0; k < count; ++k) {
     if constexpr (via_half<Codec<F>>::value) {
       k = decode_fp8_blocks<F, S>(codes, meta, message_scale, out, k, count);
@@ -1439,7 +1455,7 @@ QCOLL_AVX2 inline void decode_full_blocks(const unsigned char* codes, const unsi
       }
     }
     if constexpr (mx_exact<F>::value) {
-      k = decode_mx_exact_blocks<F, S>(table, codes, meta, message_scale, out, k, count);
+      k = decode_mx_exact_blocks<F, S>(table, mx_codes, codes, meta, out, k, count);
       if (k == count) break;
     }
     const auto dec = Codec<F>::dec(F::load_meta(meta + k * F::meta_bytes, message_scale));
