@@ -6,7 +6,8 @@
 //! Quantizing runs over groups of up to eight full blocks: their absmax is reduced in vector
 //! registers (one lane per block after a transposing max tree), their metas are computed lane by
 //! lane, and each block (still in L1) is encoded eight elements at a time and packed to 8, 6 or 4
-//! bits in registers; the asymmetric formats take the scalar make_meta per block. Decoding unpacks
+//! bits in registers (MXFP8 of bfloat16 input: sixteen at a time, on the 16-bit patterns); the
+//! asymmetric formats take the scalar make_meta per block. Decoding unpacks
 //! codes straight into 32-bit lanes (8- and 6-bit minifloat codes into fp16 words, which the fp16
 //! conversion widens exactly), looks the other minifloat codes up in a table of their values (a
 //! permutation for 4-bit codes, a gather otherwise), runs the common kinds of block (FP8 with a
@@ -918,6 +919,73 @@ QCOLL_AVX2_INLINE i8x32 codes32(const typename C::Enc& e0, const typename C::Enc
   }
 }
 
+//! Whether encode_group computes F's codes of T input on the 16-bit patterns (MxBf16): MX formats
+//! with 8-bit minifloat elements, bfloat16 input.
+template <class F, class T>
+struct mx_bf16 : std::false_type {};
+template <class E>
+struct mx_bf16<MxFloat<E>, bfloat16> : std::bool_constant<E::bits == 8> {};
+
+//! The codes of MxFloat<E> (8-bit elements) of bfloat16 input, computed on the 16-bit patterns:
+//! sixteen lanes per operation where codes32 widens to eight. The constants live in registers,
+//! built once before a loop (an empty asm statement per vector keeps the compiler from re-creating
+//! them in every iteration, as it otherwise does).
+template <class E>
+struct MxBf16 {
+  using Fa = minifloat::detail::Facts<E>;
+  static constexpr int drop = 7 - E::mbits;
+  //! A normal magnitude 2^e * 1.f as a bfloat16 pattern less k is ((e + bias) << 7) | f: E's code
+  //! with seven fraction bits, which a rounded shift by `drop` makes the code. k is a multiple of
+  //! 2^drop, so the parity bit of the shift is unchanged.
+  static constexpr int k = (127 - E::bias) << 7;
+  i16x16 top, normal, half_step, one, half_less;
+  QCOLL_AVX2_INLINE MxBf16() {
+    top = i16x16{} + static_cast<short>((Fa::max_bits >> 16) - k);            // max_normal
+    normal = i16x16{} + static_cast<short>((Fa::min_normal_bits >> 16) - k);  // 2^emin
+    half_step = i16x16{} + static_cast<short>(((127 + Fa::emin - E::mbits - 1) << 7) - k);
+    one = i16x16{} + 1;
+    half_less = i16x16{} + static_cast<short>((1 << (drop - 1)) - 1);
+    __asm__("" : "+x"(top), "+x"(normal), "+x"(half_step), "+x"(one), "+x"(half_less));
+  }
+  //! Codes of sixteen magnitudes s (patterns less k), clamped to max_normal first as
+  //! minifloat_magnitude does, rounded to nearest even; negative (code 0 once packed) below
+  //! 2^emin. `sub` marks the lanes above half the smallest subnormal step and below 2^emin.
+  QCOLL_AVX2_INLINE i16x16 code(i16x16 s, i16x16& sub) const {
+#if defined(__clang__)
+    s = __builtin_elementwise_min(s, top);
+#else
+    s = __builtin_ia32_pminsw256(s, top);
+#endif
+    sub = (normal > s) & (s > half_step);
+    return (s + (((s >> drop) & one) + half_less)) >> drop;
+  }
+  //! The codes of the 32 elements p[0, 32) of a block whose encode factor is 2^n, as codes32
+  //! computes them, in element order. x * 2^n is exact in fp32 wherever it is normal, and then it
+  //! is a bfloat16 value whose pattern is |x|'s plus n << 7. Magnitudes below 2^emin (exponents
+  //! that the addition took below zero included, as negative lanes) give code 0: right up to half
+  //! the smallest subnormal step (the tie rounds to the even 0), and for the magnitudes under
+  //! 2^-126 that codes32 scales to a subnormal fp32 (also code 0). Returns false (out
+  //! unspecified) when some magnitude lies above that half step and below 2^emin: a subnormal
+  //! code, which the caller computes with codes32. Precondition: n <= 126 + emin, so that a
+  //! subnormal bfloat16 x (whose pattern plus n << 7 reads as more than x * 2^n, but below
+  //! 2^(n - 125)) stays below 2^emin and so gives code 0 or false. The sign bit is x's (the
+  //! factor is positive), taken by a saturating pack of the patterns. O(1), about 30 operations.
+  QCOLL_AVX2_INLINE bool codes32(const bfloat16* p, int n, i8x32& out) const {
+    const short shift = static_cast<short>((n << 7) - k);
+    i16x16 x0, x1, sub0, sub1;
+    std::memcpy(&x0, p, sizeof x0);
+    std::memcpy(&x1, p + 16, sizeof x1);
+    const i16x16 c0 = code((x0 & 0x7fff) + shift, sub0), c1 = code((x1 & 0x7fff) + shift, sub1);
+    const i64x4 sub = (i64x4)(sub0 | sub1);
+    if (!__builtin_ia32_ptestz256(sub, sub)) return false;
+    const i8x32 mag = __builtin_ia32_packuswb256(c0, c1);
+    const i8x32 sign = __builtin_ia32_packsswb256(x0, x1) & (char)0x80;
+    const i64x4 w = (i64x4)(mag | sign);  // packs interleave the 128-bit halves of c0 and c1
+    out = (i8x32)__builtin_shufflevector(w, w, 0, 2, 1, 3);
+    return true;
+  }
+};
+
 //! The encode pass of encode_full_run: blocks k < count (at x[k]) whose factors are lanes k of
 //! `lanes`. One (every a factor is 1: for formats with exact_scale, every block scale is then
 //! normal, zero or unusable) lets those formats leave out the clamp, in groups of several blocks.
@@ -931,7 +999,30 @@ QCOLL_AVX2_INLINE void encode_group(const T* const* x, std::size_t count, const 
   using Enc = typename C::Enc;
   constexpr std::size_t code_bytes = F::block * F::code_bits / 8;
   constexpr bool clamp = !(One && C::exact_scale) || group_blocks<F>() == 1;
-  if constexpr (F::block == 16) {  // two blocks per 32 codes
+  if constexpr (mx_bf16<F, T>::value) {
+    // 16-bit patterns (MxBf16) where they serve, in a loop of its own; then codes32 for
+    // the blocks they do not
+    using E = typename C::Element;
+    static_assert(F::block == 32, "one block per 32 codes");
+    unsigned wide = 0;
+    const MxBf16<E> narrow;
+    for (std::size_t k = 0; k < count; ++k) {
+      prefetch_next<F>(x[k]);
+      // the factor 2^n (n in [-127, 127]; 2^-127 has exponent field 0, which gives -127 too)
+      const int n = static_cast<int>(fp::bits(lanes.b[k]) >> 23) - 127;
+      i8x32 c;
+      if (n <= 126 + minifloat::detail::Facts<E>::emin && narrow.codes32(x[k], n, c)) {
+        store_codes32<8>(c, codes + k * code_bytes, stream);
+      } else {
+        wide |= 1u << k;
+      }
+    }
+    for (; wide != 0; wide &= wide - 1) {
+      const std::size_t k = static_cast<std::size_t>(__builtin_ctz(wide));
+      const Enc e{lanes.a[k], lanes.b[k]};
+      store_codes32<8>(codes32<C, One, clamp>(e, e, x[k], x[k] + 16), codes + k * code_bytes, stream);
+    }
+  } else if constexpr (F::block == 16) {  // two blocks per 32 codes
     for (std::size_t k = 0; k < count; k += 2) {
       const Enc e0{lanes.a[k], lanes.b[k]};
       unsigned char* out = codes + k * code_bytes;
