@@ -780,19 +780,25 @@ QCOLL_AVX2_INLINE i8x32 bytes32(i32x8 c0, i32x8 c1, i32x8 c2, i32x8 c3) {
 }
 
 //! Minifloat codes of 4 vectors to bytes in element order: magnitudes m0..m3 (at most 127) with
-//! the sign bit of y0..y3 in bit Bits - 1. Signed saturation packs a float's bits to a byte
-//! whose top bit is the float's sign (-0 included), so the signs cost three packs for 32 values.
-//! Paired: see in_order.
+//! the sign bits of `sg` (one byte per code, in the packs' order: the sign is the byte's top bit)
+//! in bit Bits - 1. Paired: see in_order.
 template <unsigned Bits, bool Paired = false>
-QCOLL_AVX2_INLINE i8x32 signed_bytes32(i32x8 m0, i32x8 m1, i32x8 m2, i32x8 m3, f32x8 y0, f32x8 y1, f32x8 y2,
-                                       f32x8 y3) {
+QCOLL_AVX2_INLINE i8x32 signed_bytes32(i32x8 m0, i32x8 m1, i32x8 m2, i32x8 m3, i8x32 sg) {
   const i8x32 mag =
       __builtin_ia32_packuswb256(__builtin_ia32_packssdw256(m0, m1), __builtin_ia32_packssdw256(m2, m3));
-  const i8x32 sg = __builtin_ia32_packsswb256(__builtin_ia32_packssdw256((i32x8)y0, (i32x8)y1),
-                                              __builtin_ia32_packssdw256((i32x8)y2, (i32x8)y3));
   const i8x32 sign = Bits == 8 ? (i8x32)(sg & (char)0x80) : (i8x32)((sg < 0) & (char)(1 << (Bits - 1)));
   return in_order<Paired>((i32x8)(mag | sign));
 }
+
+//! The sign bytes of signed_bytes32 for the values y0..y3 (or, of bfloat16 input, w0 and w1):
+//! signed saturation packs a float's bits (or a bfloat16 pattern) to a byte whose top bit is its
+//! sign (-0 included), so the signs cost three packs for 32 values (one from 16-bit patterns,
+//! which the packs leave in the order of the packed codes of paired loads).
+QCOLL_AVX2_INLINE i8x32 sign_bytes(f32x8 y0, f32x8 y1, f32x8 y2, f32x8 y3) {
+  return __builtin_ia32_packsswb256(__builtin_ia32_packssdw256((i32x8)y0, (i32x8)y1),
+                                    __builtin_ia32_packssdw256((i32x8)y2, (i32x8)y3));
+}
+QCOLL_AVX2_INLINE i8x32 sign_bytes(i16x16 w0, i16x16 w1) { return __builtin_ia32_packsswb256(w0, w1); }
 
 //! Writes 32 codes (one per byte of c, in element order, low Bits bits used) as Bits-bit codes:
 //! 32, 24 or 16 bytes (a little-endian bit stream; 4-bit codes two to a byte, element 2k low).
@@ -913,7 +919,14 @@ QCOLL_AVX2_INLINE i8x32 codes32(const typename C::Enc& e0, const typename C::Enc
   const i32x8 c0 = e0.template code<Clamp>(y0), c1 = e0.template code<Clamp>(y1);
   const i32x8 c2 = e1.template code<Clamp>(y2), c3 = e1.template code<Clamp>(y3);
   if constexpr (C::sign_from_input) {
-    return signed_bytes32<C::code_bits_of, paired_load<T>>(c0, c1, c2, c3, y0, y1, y2, y3);
+    if constexpr (paired_load<T>) {  // y's sign is x's: the factors are positive or zero
+      i16x16 w0, w1;
+      std::memcpy(&w0, p0, sizeof w0);
+      std::memcpy(&w1, p1, sizeof w1);
+      return signed_bytes32<C::code_bits_of, true>(c0, c1, c2, c3, sign_bytes(w0, w1));
+    } else {
+      return signed_bytes32<C::code_bits_of>(c0, c1, c2, c3, sign_bytes(y0, y1, y2, y3));
+    }
   } else {
     return bytes32<C::signed_codes, paired_load<T>>(c0, c1, c2, c3);
   }
