@@ -1232,9 +1232,9 @@ struct via_half<C, std::void_t<decltype(C::via_half)>> : std::bool_constant<C::v
 //! bias 15 instead of 7) is its value times 2^-8, subnormals included (the caller multiplies by
 //! 2^8 where it scales). vcvtph2ps is exact and ignores MXCSR.DAZ. NaN codes give a NaN: E4M3's
 //! always the fp16 0x7fff (the float 0x7fffe000), E5M2's that one where CanonicalNaN, else one of
-//! either sign (clamp_product saturates every NaN to +FLT_MAX, as scale_value does the positive
-//! 0x7fffffff of minifloat_decode).
-template <class E, bool CanonicalNaN = false>
+//! either sign (which half_value makes minifloat_decode's 0x7fffffff). FiniteCodes: the caller has
+//! checked that no code is NaN (fp8_finite_codes), and E4M3 leaves out the NaN fix-up.
+template <class E, bool CanonicalNaN = false, bool FiniteCodes = false>
 QCOLL_AVX2_INLINE void fp8_as_half(const unsigned char* p, f32x8& lo, f32x8& hi) {
   static_assert(E::bits == 8, "FP8 codes");
   i8x16 b;
@@ -1258,24 +1258,14 @@ QCOLL_AVX2_INLINE void fp8_as_half(const unsigned char* p, f32x8& lo, f32x8& hi)
                   "E4M3: NaN = S.1111.111");
     // the code in the top byte, shifted right arithmetically: the sign in bits 15 and 14, the
     // magnitude in bits 13-7; bit 14 (the fp16 exponent's top bit) cleared
-    const i16x16 nan = (w & 0x7f) == 0x7f;
-    h = (((w << 8) >> 1) & (short)0xbf80 & ~nan) | (nan & 0x7fff);
+    h = ((w << 8) >> 1) & (short)0xbf80;
+    if constexpr (!FiniteCodes) {
+      const i16x16 nan = (w & 0x7f) == 0x7f;
+      h = (h & ~nan) | (nan & 0x7fff);
+    }
   }
   lo = __builtin_ia32_vcvtph2ps256(__builtin_shufflevector(h, h, 0, 1, 2, 3, 4, 5, 6, 7));
   hi = __builtin_ia32_vcvtph2ps256(__builtin_shufflevector(h, h, 8, 9, 10, 11, 12, 13, 14, 15));
-}
-
-//! scale_value<true>(v, scale) for a finite nonzero scale and v decoded by fp8_as_half: v * scale
-//! is ±Inf only for ±Inf codes (|v| <= 57344 and |scale| < 2^100 otherwise) and NaN only for NaN
-//! codes, which scale_value turns into +FLT_MAX (minps returns its second operand, FLT_MAX, for a
-//! NaN of either sign), so clamping to ±FLT_MAX saturates alike. Without Inf codes (HasInf =
-//! false, E4M3) no product is -Inf, and the lower clamp is left out.
-template <bool HasInf>
-QCOLL_AVX2_INLINE f32x8 clamp_product(f32x8 v, float scale) {
-  const float big = 3.40282347e38f;
-  const f32x8 hi = __builtin_ia32_minps256(v * scale, f32x8{} + big);
-  if constexpr (HasInf) return __builtin_ia32_maxps256(hi, f32x8{} - big);
-  return hi;
 }
 
 //! The sixteen 6-bit minifloat codes of elements [j, j + 16) of a packed block of CodeBytes bytes
@@ -1356,11 +1346,28 @@ QCOLL_AVX2_INLINE bool fp8_direct(float a) {
   return m > 0.0f && m < small_scale;
 }
 
+//! Whether the FP8 codes c[0, n) of E (n a multiple of 32) are all finite: no NaN code, and for
+//! E5M2 no ±Inf code. O(n), four operations per 32 codes.
+template <class E>
+QCOLL_AVX2_INLINE bool fp8_finite_codes(const unsigned char* c, std::size_t n) {
+  constexpr char last = E::has_inf ? 0x7b : 0x7e;  // the largest finite magnitude
+  i8x32 any{};
+  for (std::size_t j = 0; j < n; j += 32) {
+    i8x32 b;
+    std::memcpy(&b, c + j, sizeof b);
+    any |= (b & (char)0x7f) > last;
+  }
+  return __builtin_ia32_ptestz256((i64x4)any, (i64x4)any);
+}
+
 //! decode_codes<F, S, true> for FP8 with an fp32 block scale, over blocks k, k + 1, ... while
-//! their scale `a` passes fp8_direct (one loop, so its constants stay in registers): codes
-//! converted as fp16 (fp8_as_half), times the scale (E4M3: times 2^8 * a, the same real product,
-//! so the same rounding), saturated (clamp_product). Writes no NaN. Returns the first block not
-//! decoded (count when all are). O(blocks decoded * F::block).
+//! their scale `a` passes fp8_direct and their codes are finite (fp8_finite_codes; one loop, so
+//! its constants stay in registers): codes converted as fp16 (fp8_as_half), times the scale
+//! (E4M3: times 2^8 * a, the same real product, so the same rounding). Neither NaN nor ±Inf
+//! arises (|code value| <= 57344, |a| < 2^100), so scale_value's saturation never applies and
+//! nothing is written NaN. Returns the first block not decoded (count when all are); a block
+//! holding NaN or Inf codes (which no quantizer writes from finite input) takes decode_codes.
+//! O(blocks decoded * F::block).
 template <class F, Sink S, class V>
 QCOLL_AVX2_INLINE std::size_t decode_fp8_blocks(const unsigned char* codes, const unsigned char* meta,
                                                 float message_scale, V* out, std::size_t k,
@@ -1369,15 +1376,15 @@ QCOLL_AVX2_INLINE std::size_t decode_fp8_blocks(const unsigned char* codes, cons
   constexpr std::size_t code_bytes = F::block;
   for (; k < count; ++k) {
     const float a = Codec<F>::dec(F::load_meta(meta + k * F::meta_bytes, message_scale)).a;
-    if (!fp8_direct(a)) break;
-    const float s = E::ebits == 4 ? a * 256.0f : a;
     const unsigned char* c = codes + k * code_bytes;
+    if (!fp8_direct(a) || !fp8_finite_codes<E>(c, F::block)) break;
+    const float s = E::ebits == 4 ? a * 256.0f : a;
     V* o = out + k * F::block;
     for (std::size_t j = 0; j < F::block; j += 16) {
       __builtin_prefetch(c + j + 1024);  // the hardware prefetchers alone fall behind
       f32x8 v0, v1;
-      fp8_as_half<E>(c + j, v0, v1);
-      emit<S, true>(o + j, clamp_product<E::has_inf>(v0, s), clamp_product<E::has_inf>(v1, s));
+      fp8_as_half<E, false, true>(c + j, v0, v1);
+      emit<S, true>(o + j, v0 * s, v1 * s);
     }
   }
   return k;
