@@ -867,21 +867,27 @@ constexpr std::size_t group_blocks() {
 }
 
 //! How far past the group it encodes encode_group prefetches its input, in bytes: enough to cover
-//! the memory latency at the kernels' rate (measured with 1 GiB fp32 inputs: 2 KiB and 8 KiB ran
-//! 10-13% slower than 4 KiB at block 32, and no faster at block 2048).
-constexpr std::size_t prefetch_ahead = 4096;
+//! the memory latency at the kernels' rate, not so far that the prefetched lines wait long in the
+//! line fill buffers. Measured with fp32 inputs far beyond the caches at block 32: on an AMD Zen 3,
+//! 2 KiB and 8 KiB ran 10-13% slower than 4 KiB (and no faster at block 2048); on an Intel Xeon
+//! (Sapphire Rapids class), 2 KiB ran 3-10% faster than 4 KiB, and 3 KiB as fast as 4 KiB, but 4%
+//! slower with bfloat16 input (MXFP4, int8). So 2 KiB for fp32 input on Intel processors, 4 KiB
+//! otherwise. O(1) (reads the processor model the runtime keeps).
+template <class T>
+inline std::size_t prefetch_ahead() {
+  return sizeof(T) == 4 && __builtin_cpu_is("intel") ? 2048 : 4096;
+}
 
-//! Prefetches the lines of the 32 elements of T that lie prefetch_ahead bytes past the group of F
-//! that holds p[0, 32). encode_full_run reads each group twice, for its statistics and to encode
-//! it; the second read hits the caches, and the prefetches issued there keep the memory busy
-//! while the codes are computed. Issued in the statistics loop instead, they left FP8 and MX
+//! Prefetches the lines of the 32 elements of T that lie `ahead` (prefetch_ahead<T>()) bytes past the
+//! group of F that holds p[0, 32). encode_full_run reads each group twice, for its statistics and
+//! to encode it; the second read hits the caches, and the prefetches issued there keep the memory
+//! busy while the codes are computed. Issued in the statistics loop instead, they left FP8 and MX
 //! quantize of fp32 input 12-32% slower, and int4 at block 2048 24% slower with bf16 input (no
 //! different with fp32).
 template <class F, class T>
-QCOLL_AVX2_INLINE void prefetch_next(const T* p) {
-  constexpr std::size_t ahead = prefetch_ahead + group_blocks<F>() * F::block * sizeof(T);
-  for (std::size_t line = 0; line < 32 * sizeof(T); line += 64)
-    __builtin_prefetch(reinterpret_cast<const char*>(p) + ahead + line);
+QCOLL_AVX2_INLINE void prefetch_next(const T* p, std::size_t ahead) {
+  const char* q = reinterpret_cast<const char*>(p) + ahead + group_blocks<F>() * F::block * sizeof(T);
+  for (std::size_t line = 0; line < 32 * sizeof(T); line += 64) __builtin_prefetch(q + line);
 }
 
 //! Whether load16 pairs the elements of T: bfloat16 widens by interleaving with zero words (one
@@ -1004,10 +1010,10 @@ struct MxBf16 {
 //! normal, zero or unusable) lets those formats leave out the clamp, in groups of several blocks.
 //! Groups of one block (2048 elements or more) keep it: there the shorter loop made quantize from
 //! memory slower (int8 and int4 at block 2048, fp32 and bf16 input, 1 GiB: 5-10%), though 25-30%
-//! faster in cache.
+//! faster in cache. ahead: prefetch_ahead<T>().
 template <class F, bool One, class T>
 QCOLL_AVX2_INLINE void encode_group(const T* const* x, std::size_t count, const EncLanes& lanes,
-                                    unsigned char* codes, bool stream) {
+                                    unsigned char* codes, bool stream, std::size_t ahead) {
   using C = Codec<F>;
   using Enc = typename C::Enc;
   constexpr std::size_t code_bytes = F::block * F::code_bits / 8;
@@ -1020,7 +1026,7 @@ QCOLL_AVX2_INLINE void encode_group(const T* const* x, std::size_t count, const 
     unsigned wide = 0;
     const MxBf16<E> narrow;
     for (std::size_t k = 0; k < count; ++k) {
-      prefetch_next<F>(x[k]);
+      prefetch_next<F>(x[k], ahead);
       // the factor 2^n (n in [-127, 127]; 2^-127 has exponent field 0, which gives -127 too)
       const int n = static_cast<int>(fp::bits(lanes.b[k]) >> 23) - 127;
       i8x32 c;
@@ -1039,7 +1045,7 @@ QCOLL_AVX2_INLINE void encode_group(const T* const* x, std::size_t count, const 
     for (std::size_t k = 0; k < count; k += 2) {
       const Enc e0{lanes.a[k], lanes.b[k]};
       unsigned char* out = codes + k * code_bytes;
-      prefetch_next<F>(x[k]);
+      prefetch_next<F>(x[k], ahead);
       if (k + 1 < count) {
         const Enc e1{lanes.a[k + 1], lanes.b[k + 1]};
         store_codes32<F::code_bits>(codes32<C, One, clamp>(e0, e1, x[k], x[k + 1]), out, stream);
@@ -1055,7 +1061,7 @@ QCOLL_AVX2_INLINE void encode_group(const T* const* x, std::size_t count, const 
       const T* xk = x[k];
       unsigned char* ck = codes + k * code_bytes;
       for (std::size_t j = 0; j < F::block; j += 32) {
-        prefetch_next<F>(xk + j);
+        prefetch_next<F>(xk + j, ahead);
         store_codes32<F::code_bits>(codes32<C, One, clamp>(e, e, xk + j, xk + j + 16),
                                     ck + j * F::code_bits / 8, stream);
       }
@@ -1151,6 +1157,7 @@ QCOLL_AVX2 inline void encode_full_run(const T* x, std::size_t nblocks, float me
   constexpr std::size_t G = group_blocks<F>();
   constexpr std::size_t code_bytes = F::block * F::code_bits / 8;
   const auto group_count = [&](std::size_t b) { return nblocks - b < G ? nblocks - b : G; };
+  const std::size_t ahead = prefetch_ahead<T>();
   GroupMeta next{};
   if (nblocks > 0) next = group_meta<F>(x, group_count(0), message_scale, meta);
   for (std::size_t b = 0; b < nblocks; b += G) {
@@ -1163,9 +1170,9 @@ QCOLL_AVX2 inline void encode_full_run(const T* x, std::size_t nblocks, float me
     const T* ptr[G];
     for (std::size_t k = 0; k < count; ++k) ptr[k] = xg + k * F::block;
     if (cur.one) {  // always for unit_a (group_meta)
-      encode_group<F, true>(ptr, count, cur.lanes, codes + b * code_bytes, stream);
+      encode_group<F, true>(ptr, count, cur.lanes, codes + b * code_bytes, stream, ahead);
     } else if constexpr (!Codec<F>::unit_a) {
-      encode_group<F, false>(ptr, count, cur.lanes, codes + b * code_bytes, stream);
+      encode_group<F, false>(ptr, count, cur.lanes, codes + b * code_bytes, stream, ahead);
     }
     for (unsigned s = cur.skipped; s != 0; s &= s - 1) redo(b + static_cast<std::size_t>(__builtin_ctz(s)));
   }
