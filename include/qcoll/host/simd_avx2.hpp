@@ -1146,10 +1146,9 @@ QCOLL_AVX2_INLINE GroupMeta group_meta(const T* x, std::size_t count, float mess
 //! dependent steps (reductions, divisions, NVFP4's E4M3 rounding) overlaps the encoding: 3-12%
 //! faster from memory and 5-20% in cache on an Intel Xeon (NVFP4, FP8, MX, int8 at block 32); an
 //! earlier version of these kernels measured it 3-8% slower on an AMD Zen 3. Calls redo(k) after
-//! the group of block k for each block k holding NaN or ±Inf (its
-//! codes and meta bytes unspecified until then). F without range statistics only. stream: codes
-//! written with non-temporal stores where they are 8 bits (codes 16-byte aligned; the caller
-//! fences).
+//! the group of block k for each block k holding NaN or ±Inf (its codes and meta bytes
+//! unspecified until then). F without range statistics only. stream: codes written with
+//! non-temporal stores where they are 8 bits (codes 16-byte aligned; the caller fences).
 template <class F, class T, class Redo>
 QCOLL_AVX2 inline void encode_full_run(const T* x, std::size_t nblocks, float message_scale,
                                        unsigned char* codes, unsigned char* meta, bool stream, Redo&& redo) {
