@@ -245,6 +245,15 @@ inline std::string read_line(const std::string& path) {
 }
 }  // namespace detail
 
+//! The machine's physical memory in bytes (sysconf), or 0 where unknown.
+inline std::size_t physical_memory() {
+#if defined(_SC_PHYS_PAGES) && defined(_SC_PAGESIZE)
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+  if (pages > 0 && page > 0) return static_cast<std::size_t>(pages) * static_cast<std::size_t>(page);
+#endif
+  return 0;
+}
+
 //! The data (or unified) cache of the highest level listed for CPU 0 under /sys; when /sys has
 //! none, sysconf(_SC_LEVEL3_CACHE_SIZE), then _SC_LEVEL2_CACHE_SIZE.
 inline CacheInfo last_level_cache() {

@@ -511,24 +511,54 @@ int main(int argc, char** argv) {
   std::vector<Result> results;
   bool failed = false;
   try {
-    // Elements per type: the requested count, or 64M raised to 8x the last-level cache.
+    // Elements per type: the requested count, or 64M raised to 8x the last-level cache, lowered
+    // (by halves) until the buffers fit in 3/4 of the machine's memory.
     std::vector<std::size_t> counts;
-    std::size_t max_in = 0, max_msg = 0;
+    std::size_t max_in = 0, max_msg = 0, max_n = 0;
+    const std::size_t memory = bench::physical_memory();
+    // The buffers' bytes for counts: input, copy and output, two messages, fp32 accumulators.
+    const auto size_buffers = [&] {
+      max_in = max_msg = max_n = 0;
+      for (std::size_t ti = 0; ti < o.types.size(); ++ti) {
+        max_in = std::max(max_in, counts[ti] * dtype_size(o.types[ti]));
+        max_msg = std::max(max_msg, max_packed(o, counts[ti]));
+        max_n = std::max(max_n, counts[ti]);
+      }
+      return 3 * max_in + 2 * max_msg + max_n * sizeof(float);
+    };
     for (DType t : o.types) {
       std::size_t n = o.elements;
       if (n == 0) {
         n = std::size_t{64} << 20;
         const std::size_t need = (8 * llc.bytes + dtype_size(t) - 1) / dtype_size(t);
         if (n < need) n = (need + 8191) / 8192 * 8192;
-      } else if (n * dtype_size(t) < 8 * llc.bytes) {
+      }
+      counts.push_back(n);
+    }
+    std::size_t total = size_buffers();
+    if (o.elements == 0) {
+      bool lowered = false;
+      while (memory != 0 && total > memory / 4 * 3 && max_n > (std::size_t{1} << 20)) {
+        for (std::size_t& n : counts) n = (n / 2 + 8191) / 8192 * 8192;
+        total = size_buffers();
+        lowered = true;
+      }
+      if (lowered)
+        table.note("elements lowered to fit the buffers in 3/4 of the memory (" +
+                   bench::format_bytes(static_cast<double>(memory)) + ")");
+    } else if (memory != 0 && total > memory) {
+      throw bench::UsageError(
+          bench::strf("flag --elements: %zu elements need %s of buffers, more than the %s of memory",
+                      o.elements, bench::format_bytes(static_cast<double>(total)).c_str(),
+                      bench::format_bytes(static_cast<double>(memory)).c_str()));
+    }
+    for (std::size_t ti = 0; ti < o.types.size(); ++ti) {
+      const std::size_t bytes = counts[ti] * dtype_size(o.types[ti]);
+      if (bytes < 8 * llc.bytes)
         std::fprintf(stderr,
                      "quantize: note: %s input of %s is below 8x the last-level cache; the figures "
                      "include cache effects\n",
-                     dtype_name(t), bench::format_bytes(static_cast<double>(n * dtype_size(t))).c_str());
-      }
-      counts.push_back(n);
-      max_in = std::max(max_in, n * dtype_size(t));
-      max_msg = std::max(max_msg, max_packed(o, n));
+                     dtype_name(o.types[ti]), bench::format_bytes(static_cast<double>(bytes)).c_str());
     }
     Buffers buf;
     buf.in.resize(max_in);
@@ -536,8 +566,6 @@ int main(int argc, char** argv) {
     buf.out.resize(max_in);
     buf.msg.resize(max_msg);
     buf.msg2.resize(max_msg);
-    std::size_t max_n = 0;
-    for (std::size_t c : counts) max_n = std::max(max_n, c);
     buf.acc.resize(max_n * sizeof(float));
     buf.acc.touch();
     buf.copy.touch();
@@ -590,6 +618,9 @@ int main(int argc, char** argv) {
         }
       }
     }
+  } catch (const bench::UsageError& e) {
+    std::fprintf(stderr, "quantize: %s\n", e.what());
+    return 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "quantize: error: %s\n", e.what());
     return 1;
