@@ -990,7 +990,7 @@ struct MxBf16 {
   //! 2^(n - 125)) stays below 2^emin and so gives code 0 or false. The sign bit is x's (the
   //! factor is positive), taken by a saturating pack of the patterns. O(1), about 30 operations.
   QCOLL_AVX2_INLINE bool codes32(const bfloat16* p, int n, i8x32& out) const {
-    const short shift = static_cast<short>((n << 7) - k);
+    const short shift = static_cast<short>(n * 128 - k);  // n << 7 (n may be negative)
     i16x16 x0, x1, sub0, sub1;
     std::memcpy(&x0, p, sizeof x0);
     std::memcpy(&x1, p + 16, sizeof x1);
