@@ -985,11 +985,12 @@ struct MxBf16 {
   //! the smallest subnormal step (the tie rounds to the even 0), and for the magnitudes under
   //! 2^-126 that codes32 scales to a subnormal fp32 (also code 0). Returns false (out
   //! unspecified) when some magnitude lies above that half step and below 2^emin: a subnormal
-  //! code, which the caller computes with codes32. Precondition: n <= 126 + emin, so that a
-  //! subnormal bfloat16 x (whose pattern plus n << 7 reads as more than x * 2^n, but below
-  //! 2^(n - 125)) stays below 2^emin and so gives code 0 or false. The sign bit is x's (the
+  //! code, which the caller computes with codes32; also when n > 126 + emin, where a subnormal
+  //! bfloat16 x (whose pattern plus n << 7 reads as more than x * 2^n, but below 2^(n - 125))
+  //! could reach 2^emin. The sign bit is x's (the
   //! factor is positive), taken by a saturating pack of the patterns. O(1), about 30 operations.
   QCOLL_AVX2_INLINE bool codes32(const bfloat16* p, int n, i8x32& out) const {
+    if (n > 126 + Fa::emin) return false;
     const short shift = static_cast<short>(n * 128 - k);  // n << 7 (n may be negative)
     i16x16 x0, x1, sub0, sub1;
     std::memcpy(&x0, p, sizeof x0);
@@ -998,7 +999,7 @@ struct MxBf16 {
     const i64x4 sub = (i64x4)(sub0 | sub1);
     if (!__builtin_ia32_ptestz256(sub, sub)) return false;
     const i8x32 mag = __builtin_ia32_packuswb256(c0, c1);
-    const i8x32 sign = __builtin_ia32_packsswb256(x0, x1) & (char)0x80;
+    const i8x32 sign = sign_bytes(x0, x1) & (char)0x80;
     const i64x4 w = (i64x4)(mag | sign);  // packs interleave the 128-bit halves of c0 and c1
     out = (i8x32)__builtin_shufflevector(w, w, 0, 2, 1, 3);
     return true;
@@ -1030,7 +1031,7 @@ QCOLL_AVX2_INLINE void encode_group(const T* const* x, std::size_t count, const 
       // the factor 2^n (n in [-127, 127]; 2^-127 has exponent field 0, which gives -127 too)
       const int n = static_cast<int>(fp::bits(lanes.b[k]) >> 23) - 127;
       i8x32 c;
-      if (n <= 126 + minifloat::detail::Facts<E>::emin && narrow.codes32(x[k], n, c)) {
+      if (narrow.codes32(x[k], n, c)) {
         store_codes32<8>(c, codes + k * code_bytes, stream);
       } else {
         wide |= 1u << k;
@@ -1365,7 +1366,7 @@ QCOLL_AVX2_INLINE bool fp8_direct(float a) {
 //! E5M2 no ±Inf code. O(n), four operations per 32 codes.
 template <class E>
 QCOLL_AVX2_INLINE bool fp8_finite_codes(const unsigned char* c, std::size_t n) {
-  constexpr char last = E::has_inf ? 0x7b : 0x7e;  // the largest finite magnitude
+  constexpr char last = static_cast<char>(E::max_code);  // the largest finite magnitude
   i8x32 any{};
   for (std::size_t j = 0; j < n; j += 32) {
     i8x32 b;
