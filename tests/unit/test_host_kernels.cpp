@@ -312,6 +312,23 @@ bool quantizes_like_portable(const std::vector<T>& x) {
   return got == want;
 }
 
+// From block 128 on, the kernels gather a group's statistics while they encode the group before
+// it; the sizes of the first test case reach that only at blocks 1024 and larger. 17 blocks and a
+// partial one: two full groups and more (groups hold at most 8 blocks), of every input kind (NaN and
+// Inf in the gathered groups among them), and the same bytes as the portable loops.
+TEST_CASE_TEMPLATE(
+    "groups whose statistics are gathered during the previous group's codes quantize like the "
+    "portable loops",
+    F, Int8<128>, Int4<512>, Fp8E4M3<256>, Fp8E5M2<128>) {
+  const std::size_t n = 17 * F::block + 7;
+  for (Kind kind : kKinds) {
+    CAPTURE(static_cast<int>(kind));
+    CHECK(quantizes_like_portable<F>(make_input<float>(kind, n, F::block, 17)));
+    CHECK(quantizes_like_portable<F>(make_input<bfloat16>(kind, n, F::block, 19)));
+    CHECK(quantizes_like_portable<F>(make_input<half>(kind, n, F::block, 23)));
+  }
+}
+
 // The largest code value of a format whose block scale is absmax over it.
 template <class F>
 struct LargestCode;
