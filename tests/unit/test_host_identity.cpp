@@ -136,6 +136,16 @@ void check_all(std::size_t n, unsigned seed) {
     check_dequantize<F, half>(msg, n, offset);
   }
   check_accumulate<F>(msg, n);
+  // Codes of every bit pattern (NaN payloads of either sign among them), as a peer may send them.
+  std::mt19937 g(seed);
+  for (std::size_t i = MessageLayout<F>::codes_offset; i < msg.size(); ++i)
+    msg[i] = static_cast<unsigned char>(g());
+  for (std::size_t offset : {0, 1, 8}) {
+    check_dequantize<F, float>(msg, n, offset);
+    check_dequantize<F, bfloat16>(msg, n, offset);
+    check_dequantize<F, half>(msg, n, offset);
+  }
+  check_accumulate<F>(msg, n);
 }
 
 template <class W, std::size_t Block>
