@@ -135,6 +135,20 @@ struct BlockSource {
   std::size_t valid;
 };
 
+//! The end of the run of full blocks from block b (whose source is s0 = src(b)) that follow each
+//! other in memory: the first block after b that is not full or does not start at s0.ptr + (end -
+//! b) * F::block (nb at most); b itself if s0 is not full. O(run length) calls of src.
+template <class F, class T, class Source>
+inline std::size_t full_run_end(Source& src, std::size_t b, std::size_t nb, const BlockSource<T>& s0) {
+  if (s0.valid != F::block) return b;
+  std::size_t end = b + 1;
+  for (; end < nb; ++end) {
+    const BlockSource<T> t = src(end);
+    if (t.valid != F::block || t.ptr != s0.ptr + (end - b) * F::block) break;
+  }
+  return end;
+}
+
 //! Message absmax over finite values, for formats with a per-message scale. Simd: each run of
 //! full blocks that follow each other in memory goes through one AVX2 reduction (the caller runs
 //! on a processor that has it).
@@ -146,12 +160,8 @@ inline float message_absmax(std::size_t nblocks, Source&& src) {
 #if QCOLL_HOST_AVX2_DISPATCH
     if constexpr (Simd) {
       static_assert(F::block % 16 == 0, "the AVX2 reduction takes multiples of 16 elements");
-      if (s.valid == F::block) {
-        std::size_t end = b + 1;
-        for (; end < nblocks; ++end) {
-          const BlockSource<T> t = src(end);
-          if (t.valid != F::block || t.ptr != s.ptr + (end - b) * F::block) break;
-        }
+      const std::size_t end = full_run_end<F>(src, b, nblocks, s);
+      if (end > b) {
         amax = fp::max(amax, avx2::absmax_finite(s.ptr, (end - b) * F::block));
         b = end;
         continue;
@@ -214,13 +224,7 @@ inline std::uint32_t quantize_blocks_impl(std::size_t n, Source&& src, void* out
         // Runs of full blocks consecutive in memory through the kernels (which hand non-finite
         // blocks back to encode); the other blocks below.
         const BlockSource<T> s0 = src(b);
-        std::size_t end = b;
-        if (opt.rounding == Rounding::nearest && s0.valid == F::block) {
-          for (end = b + 1; end < nb; ++end) {
-            const BlockSource<T> t = src(end);
-            if (t.valid != F::block || t.ptr != s0.ptr + (end - b) * F::block) break;
-          }
-        }
+        const std::size_t end = opt.rounding == Rounding::nearest ? full_run_end<F>(src, b, nb, s0) : b;
         if (end > b) {
           avx2::encode_full_run<F>(s0.ptr, end - b, mscale, codes + b * L::block_code_bytes,
                                    metas + b * F::meta_bytes, stream, [&](std::size_t k) {
@@ -296,11 +300,18 @@ inline std::uint32_t quantize_identity_avx2(std::size_t n, Source&& src, void* o
   std::memset(base + sizeof(MessageHeader), 0, L::codes_offset - sizeof(MessageHeader));
   std::memset(base + codes_end, 0, L::bytes(n) - codes_end);
   bool bad = false;
-  for (std::size_t b = 0; b < nb; ++b) {
+  for (std::size_t b = 0; b < nb;) {
+    // a run of full blocks that follow each other in memory in one call, or one partial block
     const BlockSource<T> s = src(b);
+    std::size_t end = full_run_end<F>(src, b, nb, s), count = (end - b) * F::block;
+    if (end == b) {
+      end = b + 1;
+      count = s.valid;
+    }
     unsigned char* codes = base + L::codes_offset + b * L::block_code_bytes;
-    bad |= avx2::convert_codes<W>(s.ptr, s.valid, codes);
-    std::memset(codes + s.valid * sizeof(W), 0, (F::block - s.valid) * sizeof(W));
+    bad |= avx2::convert_codes<W>(s.ptr, count, codes);
+    std::memset(codes + count * sizeof(W), 0, ((end - b) * F::block - count) * sizeof(W));
+    b = end;
   }
   MessageHeader h = make_header<F>(n, opt.tag);
   h.flags = bad ? kFlagNonFinite : 0u;

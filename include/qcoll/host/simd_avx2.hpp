@@ -1668,12 +1668,52 @@ QCOLL_AVX2_INLINE f32x8 load_exact(const half* p) {
   return sel(((i32x8)v & 0x7fffffff) > 0x7f800000, (f32x8)splat(0x7fffffff), v);
 }
 
+//! Sixteen 16-bit codes w of W as V = bfloat16 or half (from_float<V> of to_float), in element
+//! order, without a NaN fix-up per conversion: the NaN codes (magnitude above W's infinity) become
+//! 0x7fff in one select on the codes. A code of W = V is its own value; half to bfloat16 rounds
+//! the exact fp32 value to nearest even (never past bfloat16's largest finite value); bfloat16 to
+//! half converts with cvtps2ph (nearest even, overflow to ±Inf).
+template <class W, class V>
+QCOLL_AVX2_INLINE i64x4 narrow_codes16(i16x16 w) {
+  constexpr short inf = std::is_same<W, half>::value ? 0x7c00 : 0x7f80;
+  const i16x16 nan = (w & 0x7fff) > inf;
+  i16x16 r;
+  if constexpr (std::is_same<W, V>::value) {
+    r = w;
+  } else {
+    const i16x8 lo = __builtin_shufflevector(w, w, 0, 1, 2, 3, 4, 5, 6, 7);
+    const i16x8 hi = __builtin_shufflevector(w, w, 8, 9, 10, 11, 12, 13, 14, 15);
+    if constexpr (std::is_same<V, bfloat16>::value) {  // NaN lanes: any result, replaced below
+      u32x8 a = (u32x8)__builtin_ia32_vcvtph2ps256(lo), b = (u32x8)__builtin_ia32_vcvtph2ps256(hi);
+      a = (a + 0x7fffu + ((a >> 16) & 1u)) >> 16;
+      b = (b + 0x7fffu + ((b >> 16) & 1u)) >> 16;
+      r = (i16x16)pack_u16((i32x8)a, (i32x8)b);
+    } else {
+      const f32x8 a = (f32x8)(widen_u16(&lo) << 16), b = (f32x8)(widen_u16(&hi) << 16);
+      const i16x8 ha = __builtin_ia32_vcvtps2ph256(a, 0), hb = __builtin_ia32_vcvtps2ph256(b, 0);
+      r = __builtin_shufflevector(ha, hb, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    }
+  }
+  return (i64x4)((r & ~nan) | (nan & 0x7fff));
+}
+
 //! Writes from_float<W>(to_float(in[i])) for i in [0, n) to out (W codes, no alignment needed)
 //! and returns whether any of them is ±Inf or NaN (Identity<W>::code_nonfinite). O(n).
 template <class W, class T>
 QCOLL_AVX2 inline bool convert_codes(const T* in, std::size_t n, unsigned char* out) {
   i32x8 bad{};  // lanes of all ones where a code is ±Inf or NaN
   std::size_t i = 0;
+  if constexpr (sizeof(T) == 2 && sizeof(W) == 2) {  // sixteen at a time, no widening for W = T
+    constexpr short inf = std::is_same<W, half>::value ? 0x7c00 : 0x7f80;
+    for (; i + 16 <= n; i += 16) {
+      __builtin_prefetch(in + i + 2048 / sizeof(T));
+      i16x16 t;
+      std::memcpy(&t, in + i, sizeof t);
+      const i16x16 h = (i16x16)narrow_codes16<T, W>(t);
+      bad |= (i32x8)((h & 0x7fff) >= inf);
+      std::memcpy(out + 2 * i, &h, sizeof h);
+    }
+  }
   for (; i + 8 <= n; i += 8) {
     __builtin_prefetch(in + i + 2048 / sizeof(T));
     const f32x8 v = load_exact(in + i);
@@ -1713,35 +1753,6 @@ QCOLL_AVX2_INLINE f32x8 load_codes(const unsigned char* p) {
     const f32x8 v = __builtin_ia32_vcvtph2ps256(h);
     return sel(((i32x8)v & 0x7fffffff) > 0x7f800000, (f32x8)splat(0x7fffffff), v);
   }
-}
-
-//! Sixteen 16-bit codes w of W as V = bfloat16 or half (from_float<V> of to_float), in element
-//! order, without a NaN fix-up per conversion: the NaN codes (magnitude above W's infinity) become
-//! 0x7fff in one select on the codes. A code of W = V is its own value; half to bfloat16 rounds
-//! the exact fp32 value to nearest even (never past bfloat16's largest finite value); bfloat16 to
-//! half converts with cvtps2ph (nearest even, overflow to ±Inf).
-template <class W, class V>
-QCOLL_AVX2_INLINE i64x4 narrow_codes16(i16x16 w) {
-  constexpr short inf = std::is_same<W, half>::value ? 0x7c00 : 0x7f80;
-  const i16x16 nan = (w & 0x7fff) > inf;
-  i16x16 r;
-  if constexpr (std::is_same<W, V>::value) {
-    r = w;
-  } else {
-    const i16x8 lo = __builtin_shufflevector(w, w, 0, 1, 2, 3, 4, 5, 6, 7);
-    const i16x8 hi = __builtin_shufflevector(w, w, 8, 9, 10, 11, 12, 13, 14, 15);
-    if constexpr (std::is_same<V, bfloat16>::value) {  // NaN lanes: any result, replaced below
-      u32x8 a = (u32x8)__builtin_ia32_vcvtph2ps256(lo), b = (u32x8)__builtin_ia32_vcvtph2ps256(hi);
-      a = (a + 0x7fffu + ((a >> 16) & 1u)) >> 16;
-      b = (b + 0x7fffu + ((b >> 16) & 1u)) >> 16;
-      r = (i16x16)pack_u16((i32x8)a, (i32x8)b);
-    } else {
-      const f32x8 a = (f32x8)(widen_u16(&lo) << 16), b = (f32x8)(widen_u16(&hi) << 16);
-      const i16x8 ha = __builtin_ia32_vcvtps2ph256(a, 0), hb = __builtin_ia32_vcvtps2ph256(b, 0);
-      r = __builtin_shufflevector(ha, hb, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    }
-  }
-  return (i64x4)((r & ~nan) | (nan & 0x7fff));
 }
 
 //! Decodes codes of W (in[0, n), no alignment needed) into out[0, n) as V (from_float<V> of
