@@ -1550,8 +1550,10 @@ inline MxCodes mx_exact_codes(float message_scale) {
 //! the real v * a * b, and so is r * c, c being exact (a power of two, at least 2^-126). Every
 //! nonzero product is normal or ±Inf with at most 8 significant bits, a bfloat16 value, so
 //! bfloat16 outputs are the top halves. E4M3 and E5M2 NaN codes read as the NaN 0x7fffe000
-//! (fp8_as_half, canonical), written as 0x7fff into bfloat16 and half, and made F::decode's
-//! 0x7fffffff for fp32 outputs. A block costs a byte load and a comparison besides its
+//! (fp8_as_half, canonical), which the product keeps (c is not NaN) and which is 0x7fff both as
+//! its top half (bfloat16) and as cvtps2ph converts it to half (sign, exponent and the top ten
+//! fraction bits), so 16-bit outputs need no NaN fix-up; it is made F::decode's 0x7fffffff for
+//! fp32 outputs. A block costs a byte load and a comparison besides its
 //! elements. Returns the first block not decoded (count when all are).
 //! O(blocks decoded * F::block).
 template <class F, Sink S, class V>
@@ -1573,14 +1575,14 @@ QCOLL_AVX2_INLINE std::size_t decode_mx_exact_blocks(const DecodeTable<F>& table
       X::read(table, p, j, v0, v1);
       v0 = v0 * c;
       v1 = v1 * c;
-      if constexpr (std::is_same<V, bfloat16>::value) {
-        emit<S, true, true>(o + j, v0, v1);
+      if constexpr (sizeof(V) == 2) {  // no NaN fix-up: 0x7fffe000 becomes 0x7fff either way
+        emit<S, true, std::is_same<V, bfloat16>::value>(o + j, v0, v1);
       } else {
-        if constexpr (X::nan_codes && sizeof(V) == 4) {
+        if constexpr (X::nan_codes) {
           v0 = canonical_nan(v0);
           v1 = canonical_nan(v1);
         }
-        emit<S, !X::nan_codes>(o + j, v0, v1);
+        emit<S>(o + j, v0, v1);
       }
     }
   }
