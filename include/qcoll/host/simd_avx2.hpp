@@ -1443,6 +1443,9 @@ QCOLL_AVX2_INLINE std::size_t decode_fp8_blocks(const unsigned char* codes, cons
                                                 std::size_t count) {
   using E = typename Codec<F>::Element;
   constexpr std::size_t code_bytes = F::block;
+  // Prefetch distance: 1 KiB past the codes decoded, and from block 1024 on past the next block,
+  // which fp8_finite_codes reads before it is decoded (at block 2048, 1.09-1.31x from memory).
+  constexpr std::size_t ahead = F::block >= 1024 ? F::block + 1024 : 1024;
   for (; k < count; ++k) {
     const float a = Codec<F>::dec(F::load_meta(meta + k * F::meta_bytes, message_scale)).a;
     const unsigned char* c = codes + k * code_bytes;
@@ -1450,7 +1453,7 @@ QCOLL_AVX2_INLINE std::size_t decode_fp8_blocks(const unsigned char* codes, cons
     const float s = E::ebits == 4 ? a * 256.0f : a;
     V* o = out + k * F::block;
     for (std::size_t j = 0; j < F::block; j += 16) {
-      __builtin_prefetch(c + j + 1024);  // the hardware prefetchers alone fall behind
+      __builtin_prefetch(c + j + ahead);  // the hardware prefetchers alone fall behind
       f32x8 v0, v1;
       fp8_as_half<E, false, true>(c + j, v0, v1);
       emit<S, true>(o + j, v0 * s, v1 * s);
