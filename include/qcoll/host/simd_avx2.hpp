@@ -1215,8 +1215,8 @@ QCOLL_AVX2 inline void encode_full_run(const T* x, std::size_t nblocks, float me
     const GroupMeta cur = next;
     const T* xg = x + b * F::block;
     unsigned char* cg = codes + b * code_bytes;
-    if (F::block >= 128 &&
-        b + 2 * G <= nblocks) {  // the next group's statistics inside this group's encoding
+    if (F::block >= 128 && b + 2 * G <= nblocks) {
+      // a full group follows: its statistics inside this group's encoding
       AbsmaxSide<F, T> side{xg + G * F::block, {}};
       encode_group_at<F>(xg, G, cur, cg, stream, ahead, side);
       next = group_meta_of<F, T>(side.part, G, message_scale, meta + (b + G) * F::meta_bytes);
