@@ -13,6 +13,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <qcoll/collective/common.hpp>
@@ -509,4 +510,116 @@ TEST_CASE_TEMPLATE("decoders equal the reference on arbitrary codes and scales",
     INFO("message scale " << ms);
     CHECK(bad == 0u);
   }
+}
+
+// The asymmetric integers decode by one float FMA per element where the double sum of F::decode
+// is exact (the offset's and the scale's last bits at most 28 binades apart one way and 20 the
+// other), by the double arithmetic elsewhere. Metas on both sides of those bounds, zero,
+// subnormal, negative and non-finite ones, and two pairs whose double sum is rounded twice (a float
+// FMA would give other bytes) must decode as the reference does.
+namespace {
+template <class F>
+std::vector<std::pair<float, float>> asymmetric_metas(std::vector<std::pair<float, float>>& twice_rounded) {
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  twice_rounded.clear();
+  // offset 2^-40 + 3 * 5592407 = 2^24 + 5 + 2^-40: the double sum drops 2^-40 and ties.
+  twice_rounded.push_back({5592407.0f, 0x1p-40f});
+  // 1 + 130 * 16519105 * 2^-55 = 1 + 2^-24 + 2^-54: likewise (8-bit codes only).
+  if (F::qmax >= 130) twice_rounded.push_back({std::ldexp(16519105.0f, -55), 1.0f});
+  std::vector<std::pair<float, float>> metas = twice_rounded;
+  const float specials[] = {0.0f, -0.0f, 1e-45f, -3e-42f, 1.1754942e-38f, 1.0f, -7.5f, 3e38f, inf, -inf, nan};
+  for (float s : specials)
+    for (float o : specials) metas.push_back({s, o});
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<std::uint32_t> mant(0, (1u << 23) - 1);
+  std::uniform_int_distribution<int> base(-140, 100);
+  for (int d = -26; d <= 34; ++d)  // last-bit exponent of the offset minus the scale's
+    for (int r = 0; r < 6; ++r) {
+      const int es = base(rng);
+      const float scale = std::ldexp(1.0f + static_cast<float>(mant(rng)) * 0x1p-23f, es);
+      const float offset = std::ldexp(1.0f + static_cast<float>(mant(rng)) * 0x1p-23f, es + d);
+      metas.push_back({(r & 1) ? -scale : scale, (r & 2) ? -offset : offset});
+    }
+  return metas;
+}
+}  // namespace
+
+TEST_CASE_TEMPLATE("asymmetric integers decode like the reference on both sides of the FMA bounds", F,
+                   Int8Asym<32>, Int4Asym<64>, Int8Asym<2048>) {
+  using L = MessageLayout<F>;
+  std::vector<std::pair<float, float>> twice_rounded;
+  const auto metas = asymmetric_metas<F>(twice_rounded);
+  for (const auto& p : twice_rounded) {  // the pairs are what they claim to be
+    const typename F::Meta m = F::meta_from(p.first, p.second);
+    const std::uint32_t c = F::qmax >= 130 && p.second == 1.0f ? 130 : 3;
+    CHECK(std::fma(static_cast<float>(c), p.first, p.second) != F::decode(c, m));
+  }
+  const std::size_t nb = metas.size(), n = nb * F::block - 5;
+  std::vector<unsigned char> msg(packed_bytes<F>(n), 0);
+  const MessageHeader h = make_header<F>(n);
+  std::memcpy(msg.data(), &h, sizeof h);
+  std::mt19937 rng(11);
+  for (std::size_t b = 0; b < nb; ++b) {
+    F::store_meta(F::meta_from(metas[b].first, metas[b].second),
+                  msg.data() + L::metas_offset(n) + b * F::meta_bytes);
+    for (std::size_t e = 0; e < F::block && b * F::block + e < n; ++e) {
+      // The counterexamples' codes first, then every code, then random ones.
+      const std::uint32_t c = e < 2              ? (e == 0 ? 130u : 3u) % (F::qmax + 1u)
+                              : e < F::qmax + 3u ? e - 2
+                                                 : rng() % (F::qmax + 1u);
+      ref_put_code<F>(msg.data() + L::codes_offset + b * L::block_code_bytes, e, c);
+    }
+  }
+  CHECK(arbitrary_message_mismatches<F, float>(msg, n) == 0u);
+  CHECK(arbitrary_message_mismatches<F, bfloat16>(msg, n) == 0u);
+  CHECK(arbitrary_message_mismatches<F, half>(msg, n) == 0u);
+}
+
+// The asymmetric integers encode from a float estimate of the double (x - offset) / scale and take
+// the double arithmetic for any 32 elements with an estimate within 2^-13 of a rounding boundary.
+// Blocks whose elements lie 0 to 2 units in the last place from the boundaries k + 1/2, over spans
+// from 2^-120 to 2^120 (2^-12 to 2^12 for half), must encode as the portable loops do.
+template <class F, class T>
+std::vector<T> near_ties(std::size_t blocks, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> unit(-1.0f, 1.0f);
+  const int top = std::is_same<T, half>::value ? 12 : 120;  // half: spans within its range
+  std::uniform_int_distribution<int> binade(-top, top), nudge(-2, 2), code(0, F::qmax - 1);
+  std::vector<T> x(blocks * F::block);
+  for (std::size_t b = 0; b < blocks; ++b) {
+    const int e = binade(rng);
+    const float lo = to_float(from_float<T>(std::ldexp(unit(rng), e)));
+    float hi = to_float(from_float<T>(lo + std::ldexp(1.0f + unit(rng) * 0.5f, e)));
+    if (!(hi > lo)) hi = lo;
+    const float scale = static_cast<float>((static_cast<double>(hi) - lo) / F::qmax);
+    T* xb = x.data() + b * F::block;
+    xb[0] = from_float<T>(lo);
+    xb[1] = from_float<T>(hi);
+    for (std::size_t i = 2; i < F::block; ++i) {
+      T v = from_float<T>(static_cast<float>(lo + (code(rng) + 0.5) * static_cast<double>(scale)));
+      std::uint16_t u16;
+      std::uint32_t u32;
+      const int step = nudge(rng);
+      if constexpr (sizeof(T) == 2) {
+        std::memcpy(&u16, &v, 2);
+        u16 = static_cast<std::uint16_t>(u16 + step);
+        std::memcpy(&v, &u16, 2);
+      } else {
+        std::memcpy(&u32, &v, 4);
+        u32 = static_cast<std::uint32_t>(static_cast<std::int64_t>(u32) + step);
+        std::memcpy(&v, &u32, 4);
+      }
+      const float f = to_float(v);
+      xb[i] = from_float<T>(!(f >= lo) ? lo : f > hi ? hi : f);  // NaN (a nudged -0) too
+    }
+  }
+  return x;
+}
+
+TEST_CASE_TEMPLATE("asymmetric integers encode values near rounding boundaries like the portable loops", F,
+                   Int8Asym<32>, Int8Asym<2048>, Int4Asym<32>) {
+  const std::size_t blocks = 65536 / F::block;
+  CHECK(quantizes_like_portable<F>(near_ties<F, float>(blocks, 3)));
+  CHECK(quantizes_like_portable<F>(near_ties<F, bfloat16>(blocks, 5)));
+  CHECK(quantizes_like_portable<F>(near_ties<F, half>(blocks, 9)));
 }

@@ -7,7 +7,9 @@
 //! registers (one lane per block after a transposing max tree), their metas are computed lane by
 //! lane, and each block (still in L1) is encoded eight elements at a time and packed to 8, 6 or 4
 //! bits in registers (MXFP8 of bfloat16 input: sixteen at a time, on the 16-bit patterns); the
-//! asymmetric formats take the scalar make_meta per block. Decoding unpacks
+//! asymmetric formats take the scalar make_meta per block and encode from a float estimate, with
+//! the double arithmetic where the estimate is near a rounding boundary (and decode by FMA where
+//! that rounds as the double sum does, on processors with FMA). Decoding unpacks
 //! codes straight into 32-bit lanes (8- and 6-bit minifloat codes into fp16 words, which the fp16
 //! conversion widens exactly), looks the other minifloat codes up in a table of their values (a
 //! permutation for 4-bit codes, a gather otherwise), runs the common kinds of block (FP8 with a
@@ -45,6 +47,10 @@
 #define QCOLL_AVX2 __attribute__((target("avx2,f16c")))
 //! Marks an AVX2 helper that is always inlined (only called from QCOLL_AVX2 functions).
 #define QCOLL_AVX2_INLINE inline __attribute__((target("avx2,f16c"), always_inline))
+//! Marks a function compiled for AVX2 + F16C + FMA (called where has_fma() holds). The compiler
+//! may contract a product and a sum into one FMA in such a function: only where the product is
+//! exact (the result is then the same) may one be written there.
+#define QCOLL_AVX2_FMA __attribute__((target("avx2,f16c,fma")))
 
 QCOLL_NAMESPACE_BEGIN
 namespace host {
@@ -75,6 +81,9 @@ inline bool supported() {
 #endif
 }
 
+//! Whether the running processor has FMA (every AVX2 processor made has; checked all the same).
+inline bool has_fma() { return __builtin_cpu_supports("fma"); }
+
 // ---- elementwise helpers ---------------------------------------------------------------------
 
 //! m ? a : b per 32-bit lane (m is all ones or all zeros per lane).
@@ -83,6 +92,8 @@ QCOLL_AVX2_INLINE V sel(i32x8 m, V a, V b) {
   return (V)(((i32x8)a & m) | ((i32x8)b & ~m));
 }
 QCOLL_AVX2_INLINE i32x8 splat(int v) { return i32x8{} + v; }
+//! v in every lane, -0 included (f32x8{} + v would give +0 for -0).
+QCOLL_AVX2_INLINE f32x8 splat_f(float v) { return f32x8{v, v, v, v, v, v, v, v}; }
 QCOLL_AVX2_INLINE i32x8 vmax(i32x8 a, i32x8 b) { return a > b ? a : b; }
 QCOLL_AVX2_INLINE i32x8 vmin(i32x8 a, i32x8 b) { return a < b ? a : b; }
 //! The largest (Max) or smallest lane, in every lane.
@@ -752,6 +763,45 @@ struct Codec<AsymmetricInt<B, K>> {
   };
   static Enc enc(const typename F::Meta& m) { return {double(m.offset), m.inv}; }
   static Dec dec(const typename F::Meta& m) { return {double(m.offset), double(m.scale)}; }
+
+  //! The float estimate of Enc's double arithmetic, (x - offset) * inv in float, rounded to nearest
+  //! even and clamped: the code Enc gives wherever the estimate is further than 2^-13 from a
+  //! rounding boundary (k + 1/2). Against the double value y = (x - offset) * inv the estimate errs
+  //! by at most 3.01 * 2^-24 * |y| + 2^-48 (three float roundings, two double ones; a subnormal
+  //! difference errs by 2^-150 times inv <= 2^100): below 2^-13 while |y| <= 600, and beyond 600
+  //! both clamp to the same end (qmax <= 255). Scales outside [2^-100, 2^100] (0 included) take
+  //! Enc (fast = false).
+  struct Estimate {
+    float offset, inv;
+    bool fast;
+    //! The codes of x; lanes whose estimate is within 2^-13 of a boundary (or NaN) set in unsure.
+    QCOLL_AVX2_INLINE i32x8 operator()(f32x8 x, i32x8& unsure) const {
+      const f32x8 y = (x - offset) * inv;
+      const f32x8 r = __builtin_ia32_roundps256(y, 0x08);  // nearest even, no precision exception
+      const f32x8 d = (f32x8)((i32x8)(y - r) & 0x7fffffff);
+      unsure |= ~(d < 0.5f - 0x1p-13f);  // NaN (from an overflowing x - offset) is unsure
+      const f32x8 c = __builtin_ia32_minps256(__builtin_ia32_maxps256(r, f32x8{}), f32x8{} + float(F::qmax));
+      return __builtin_ia32_cvttps2dq256(c);
+    }
+  };
+  static Estimate estimate(const typename F::Meta& m) {
+    const bool fast = m.scale >= 0x1p-100f && m.scale <= 0x1p100f;  // NaN fails
+    return {m.offset, static_cast<float>(m.inv), fast};
+  }
+
+  //! Whether F::decode's double sum offset + code * scale, rounded to float, equals one float FMA
+  //! (one rounding of the exact sum): when that sum fits in double's 53 bits, so that the double
+  //! sum is exact. offset is an integer below 2^24 times its last bit's weight 2^lo, code * scale
+  //! one below 2^32 times 2^ls (lo, ls: biased exponent, at least 1, minus 150); the sum fits
+  //! when -20 <= lo - ls <= 28, or when either is zero. Non-finite metas take Dec.
+  static bool fma_exact(float offset, float scale) {
+    const std::uint32_t uo = fp::bits(offset), us = fp::bits(scale);
+    const int eo = static_cast<int>(uo >> 23 & 0xff), es = static_cast<int>(us >> 23 & 0xff);
+    if (eo == 0xff || es == 0xff) return false;
+    if ((uo & 0x7fffffffu) == 0 || (us & 0x7fffffffu) == 0) return true;
+    const int d = (eo > 1 ? eo : 1) - (es > 1 ? es : 1);
+    return d >= -20 && d <= 28;
+  }
 };
 
 // ---- packing -----------------------------------------------------------------------------------
@@ -1096,21 +1146,32 @@ QCOLL_AVX2 inline unsigned encode_full_blocks(const T* const* x, std::size_t cou
         reinterpret_cast<std::uintptr_t>(x[k]) + group_blocks<F>() * sizeof(T) * F::block;
     for (std::size_t line = 0; line < F::block * sizeof(T); line += 64)
       __builtin_prefetch(reinterpret_cast<const void*>(ahead + line));
-    if (!stats<true>(x[k], F::block, s[k])) {
-      skipped |= 1u << k;
-      continue;
-    }
+    if (!stats<true>(x[k], F::block, s[k])) skipped |= 1u << k;
+  }
+  // The metas in a loop of their own: their divisions then follow each other without the
+  // statistics between them.
+  for (std::size_t k = 0; k < count; ++k) {
+    if (skipped & (1u << k)) continue;
     m[k] = F::make_meta(s[k], message_scale);
     F::store_meta(m[k], meta + k * F::meta_bytes);
   }
   for (std::size_t k = 0; k < count; ++k) {
     if (skipped & (1u << k)) continue;
     const auto enc = C::enc(m[k]);
+    const auto est = C::estimate(m[k]);
     const T* xk = x[k];
-    for (std::size_t j = 0; j < F::block; j += 32)
-      store_codes32<F::code_bits>(bytes32<false>(enc(load(xk + j)), enc(load(xk + j + 8)),
-                                                 enc(load(xk + j + 16)), enc(load(xk + j + 24))),
-                                  codes + k * code_bytes + j * F::code_bits / 8);
+    for (std::size_t j = 0; j < F::block; j += 32) {
+      // The float estimate, and the double arithmetic for the 32 codes where it is unsure.
+      const T* p = xk + j;
+      i32x8 unsure = splat(est.fast ? 0 : -1);
+      i8x32 b{};
+      if (est.fast)
+        b = bytes32<false>(est(load(p), unsure), est(load(p + 8), unsure), est(load(p + 16), unsure),
+                           est(load(p + 24), unsure));
+      if (!__builtin_ia32_ptestz256((i64x4)unsure, (i64x4)unsure))
+        b = bytes32<false>(enc(load(p)), enc(load(p + 8)), enc(load(p + 16)), enc(load(p + 24)));
+      store_codes32<F::code_bits>(b, codes + k * code_bytes + j * F::code_bits / 8);
+    }
   }
   return skipped;
 }
@@ -1613,6 +1674,40 @@ QCOLL_AVX2_INLINE std::size_t decode_nvfp4_blocks(const DecodeTable<NvFp4>& tabl
   return k;
 }
 
+template <class F>
+struct is_asymmetric : std::false_type {};
+template <unsigned B, std::size_t K>
+struct is_asymmetric<AsymmetricInt<B, K>> : std::true_type {};
+
+//! decode_full_blocks for the asymmetric integers, on a processor with FMA: a block whose sum
+//! offset + code * scale is exact in double (Codec::fma_exact) decodes by one float FMA per
+//! element, which rounds that sum once as F::decode does; the others by Dec's double arithmetic.
+template <class F, Sink S, class V>
+QCOLL_AVX2_FMA inline void decode_asymmetric_blocks(const unsigned char* codes, const unsigned char* meta,
+                                                    V* out, std::size_t count) {
+  using C = Codec<F>;
+  constexpr std::size_t code_bytes = F::block * F::code_bits / 8;
+  const DecodeTable<F> table{};
+  for (std::size_t k = 0; k < count; ++k) {
+    const unsigned char* c = codes + k * code_bytes;
+    const unsigned char* mk = meta + k * F::meta_bytes;
+    const float scale = ::qcoll::detail::load_f32(mk), offset = ::qcoll::detail::load_f32(mk + 4);
+    V* o = out + k * F::block;
+    if (!C::fma_exact(offset, scale)) {
+      decode_codes<F, S, false, false>(typename C::Dec{double(offset), double(scale)}, table, c, o);
+      continue;
+    }
+    const f32x8 vs = splat_f(scale), vo = splat_f(offset);
+    for (std::size_t j = 0; j < F::block; j += 16) {
+      __builtin_prefetch(c + j * F::code_bits / 8 + 1024);
+      const f32x8 c0 = __builtin_convertvector(unpack8<F::code_bits, false>(c, j), f32x8),
+                  c1 = __builtin_convertvector(unpack8<F::code_bits, false>(c, j + 8), f32x8);
+      // No NaN: scale and offset are finite.
+      emit<S, true>(o + j, __builtin_ia32_vfmaddps256(c0, vs, vo), __builtin_ia32_vfmaddps256(c1, vs, vo));
+    }
+  }
+}
+
 //! Decodes `count` full blocks (codes of block k at codes + k * code bytes, its meta bytes at
 //! meta + k * F::meta_bytes) into out[0, count * F::block) as V, or adds them to fp32
 //! accumulators (Sink::add): equal to F::decode per element followed by from_float<V> (or
@@ -1621,6 +1716,9 @@ QCOLL_AVX2_INLINE std::size_t decode_nvfp4_blocks(const DecodeTable<NvFp4>& tabl
 template <class F, class V, Sink S>
 QCOLL_AVX2 inline void decode_full_blocks(const unsigned char* codes, const unsigned char* meta,
                                           float message_scale, V* out, std::size_t count) {
+  if constexpr (is_asymmetric<F>::value) {
+    if (has_fma()) return decode_asymmetric_blocks<F, S>(codes, meta, out, count);
+  }
   constexpr std::size_t code_bytes = F::block * F::code_bits / 8;
   DecodeTable<F> table;
   table.fill();
