@@ -7,18 +7,19 @@
 //! registers (one lane per block after a transposing max tree), their metas are computed lane by
 //! lane, and each block (still in L1) is encoded eight elements at a time and packed to 8, 6 or 4
 //! bits in registers (MXFP8 of bfloat16 input: sixteen at a time, on the 16-bit patterns); the
-//! asymmetric formats take the scalar make_meta per block and encode from a float estimate, with
-//! the double arithmetic where the estimate is near a rounding boundary (and decode by FMA where
-//! that rounds as the double sum does, on processors with FMA). Decoding unpacks
-//! codes straight into 32-bit lanes (8- and 6-bit minifloat codes into fp16 words, which the fp16
-//! conversion widens exactly), looks the other minifloat codes up in a table of their values (a
-//! permutation for 4-bit codes, a gather otherwise), runs the common kinds of block (FP8 with a
-//! moderate fp32 scale, NVFP4 with a moderate message scale, MX with exact products) in loops of
-//! their own, and writes 16 values at a time, non-temporally for large outputs, rounding 16-bit
-//! outputs without the NaN fix-up where no value can be NaN. The identity formats (unquantized f32,
-//! bf16, f16) have conversion loops of their own. Every vector step is the IEEE operation (or
-//! integer bit manipulation) that the format's scalar function performs, in the same order, or one
-//! shown to give the same result (noted where used), so the bytes are those of the portable loops.
+//! asymmetric formats reduce their order keys the same way, compute make_meta in double lanes (one
+//! per block) and encode from a float estimate, with the double arithmetic where the estimate is
+//! near a rounding boundary (they decode by FMA where that rounds as the double sum does, on
+//! processors with FMA). Decoding unpacks codes straight into 32-bit lanes (8- and 6-bit minifloat
+//! codes into fp16 words, which the fp16 conversion widens exactly), looks the other minifloat
+//! codes up in a table of their values (a permutation for 4-bit codes, a gather otherwise), runs
+//! the common kinds of block (FP8 with a moderate fp32 scale, NVFP4 with a moderate message scale,
+//! MX with exact products) in loops of their own, and writes 16 values at a time, non-temporally
+//! for large outputs, rounding 16-bit outputs without the NaN fix-up where no value can be NaN. The
+//! identity formats (unquantized f32, bf16, f16) have conversion loops of their own. Every vector
+//! step is the IEEE operation (or integer bit manipulation) that the format's scalar function
+//! performs, in the same order, or one shown to give the same result (noted where used), so the
+//! bytes are those of the portable loops.
 //!
 //! Written with the compilers' vector extensions and a few x86 builtins instead of <immintrin.h>,
 //! whose parsing alone would cost every includer about half a second.
@@ -298,59 +299,34 @@ QCOLL_AVX2 inline void fence() { __builtin_ia32_sfence(); }
 
 // ---- block statistics ------------------------------------------------------------------------
 
-//! stats<true> for half or bfloat16 input and n a multiple of 16: the reductions run on the
-//! 16-bit patterns, sixteen lanes at a time, as block_stats does.
+//! Lane-wise order keys of a full block of n elements, n a multiple of 16: in hi the largest key,
+//! in nlo the largest complemented key ~key (so ~nlo is the smallest key); for float input eight
+//! 32-bit lanes of order_key, for half and bfloat16 sixteen 16-bit lanes (viewed as i32x8) of
+//! order_key16 of the 16-bit patterns, the keys block_stats reduces.
 template <class T>
-QCOLL_AVX2_INLINE bool stats16(const T* x, std::size_t n, BlockStats& s) {
-  constexpr short inf = std::is_same<T, half>::value ? 0x7c00 : 0x7f80;
-  i16x16 amax{}, klo = i16x16{} + order_key16(static_cast<std::uint16_t>(inf)),
-                 khi = i16x16{} + order_key16(static_cast<std::uint16_t>(0x8000 | inf));
-  for (std::size_t i = 0; i < n; i += 16) {
-    i16x16 v;
-    std::memcpy(&v, x + i, sizeof v);
-    const i16x16 a = v & 0x7fff;
-    const i16x16 k = v ^ ((v >> 15) & 0x7fff);
-    amax = a > amax ? a : amax;
-    klo = k < klo ? k : klo;
-    khi = k > khi ? k : khi;
-  }
-  const int m = reduce_i16<true>(amax);
-  if (m >= inf) return false;
-  s = BlockStats{to_float(T{static_cast<std::uint16_t>(m)}),
-                 to_float(T{order_bits16(static_cast<std::int16_t>(reduce_i16<false>(klo)))}),
-                 to_float(T{order_bits16(static_cast<std::int16_t>(reduce_i16<true>(khi)))}), false};
-  stats_zero_sign(x, n, s);
-  return true;
-}
-
-//! Statistics of a block of n elements (n a multiple of 8) into s, equal to block_stats; the lo/hi
-//! reductions only when Range. Returns false (s untouched) if the block holds NaN or ±Inf.
-template <bool Range, class T>
-QCOLL_AVX2_INLINE bool stats(const T* x, std::size_t n, BlockStats& s) {
-  if constexpr (Range && sizeof(T) == 2) {
-    if (n % 16 == 0) return stats16(x, n, s);
-  }
-  i32x8 amax{}, klo = splat(order_key(0x7f800000u)), khi = splat(order_key(0xff800000u));
-  for (std::size_t i = 0; i < n; i += 8) {
-    const i32x8 u = (i32x8)load(x + i);
-    const i32x8 a = u & 0x7fffffff;
-    amax = vmax(a, amax);
-    if constexpr (Range) {
+QCOLL_AVX2_INLINE void key_lanes(const T* x, std::size_t n, i32x8& hi, i32x8& nlo) {
+  if constexpr (sizeof(T) == 4) {
+    i32x8 h = splat(INT32_MIN), l = splat(INT32_MAX);
+    for (std::size_t i = 0; i < n; i += 8) {
+      const i32x8 u = (i32x8)load(x + i);
       const i32x8 k = u ^ (i32x8)((u32x8)(u >> 31) >> 1);
-      klo = vmin(k, klo);
-      khi = vmax(k, khi);
+      h = vmax(k, h);
+      l = vmin(k, l);
     }
+    hi = h;
+    nlo = ~l;
+  } else {
+    i16x16 h = i16x16{} + static_cast<short>(INT16_MIN), l = i16x16{} + static_cast<short>(INT16_MAX);
+    for (std::size_t i = 0; i < n; i += 16) {
+      i16x16 v;
+      std::memcpy(&v, x + i, sizeof v);
+      const i16x16 k = v ^ ((v >> 15) & 0x7fff);
+      h = k > h ? k : h;
+      l = k < l ? k : l;
+    }
+    hi = (i32x8)h;
+    nlo = (i32x8)~l;
   }
-  const int m = reduce<true>(amax);
-  if (m >= 0x7f800000) return false;
-  s = stats_empty();
-  s.absmax = fp::from_bits(static_cast<std::uint32_t>(m));
-  if constexpr (Range) {
-    s.lo = fp::from_bits(order_bits(reduce<false>(klo)));
-    s.hi = fp::from_bits(order_bits(reduce<true>(khi)));
-    stats_zero_sign(x, n, s);
-  }
-  return true;
 }
 
 //! Lane-wise largest |x| bits of a full block of n elements, n a multiple of 16: for float input,
@@ -391,12 +367,12 @@ QCOLL_AVX2_INLINE i32x8 lane_max(i32x8 a, i32x8 b) {
   }
 }
 
-//! Reduces eight absmax_lanes vectors (v[tree_slot(k)] of block k) to one vector whose lane k is
-//! block k's largest |x| as float bits (NaN or Inf bits >= 0x7f800000 when the block holds one).
-//! Three levels of shuffles and maxima, 21 operations for the eight blocks.
-template <class T>
-QCOLL_AVX2_INLINE i32x8 max_tree(const i32x8* v) {
-  constexpr bool w16 = sizeof(T) == 2;
+//! Reduces eight vectors of lane-wise maxima (v[tree_slot(k)] of block k; 16-bit lanes when
+//! Wide16) to one vector whose lane k is block k's maximum (sign-extended from 16 bits when
+//! Wide16). Three levels of shuffles and maxima, 21 operations for the eight blocks.
+template <bool Wide16>
+QCOLL_AVX2_INLINE i32x8 lane_tree(const i32x8* v) {
+  constexpr bool w16 = Wide16;
   i32x8 w[4], x[2];
   for (int j = 0; j < 4; ++j)
     w[j] = lane_max<w16>(__builtin_shufflevector(v[2 * j], v[2 * j + 1], 0, 1, 2, 3, 8, 9, 10, 11),
@@ -404,19 +380,38 @@ QCOLL_AVX2_INLINE i32x8 max_tree(const i32x8* v) {
   for (int j = 0; j < 2; ++j)
     x[j] = lane_max<w16>(__builtin_shufflevector(w[2 * j], w[2 * j + 1], 0, 1, 8, 9, 4, 5, 12, 13),
                          __builtin_shufflevector(w[2 * j], w[2 * j + 1], 2, 3, 10, 11, 6, 7, 14, 15));
-  i32x8 z = lane_max<w16>(__builtin_shufflevector(x[0], x[1], 0, 2, 8, 10, 4, 6, 12, 14),
-                          __builtin_shufflevector(x[0], x[1], 1, 3, 9, 11, 5, 7, 13, 15));
-  if constexpr (w16) {
-    z = lane_max<true>(z, (i32x8)((u32x8)z >> 16)) & 0xffff;
-    if constexpr (std::is_same<T, half>::value) {
-      const i16x8 h = __builtin_ia32_packusdw128(__builtin_shufflevector(z, z, 0, 1, 2, 3),
-                                                 __builtin_shufflevector(z, z, 4, 5, 6, 7));
-      z = (i32x8)__builtin_ia32_vcvtph2ps256(h);
-    } else {
-      z <<= 16;
-    }
-  }
+  const i32x8 z = lane_max<w16>(__builtin_shufflevector(x[0], x[1], 0, 2, 8, 10, 4, 6, 12, 14),
+                                __builtin_shufflevector(x[0], x[1], 1, 3, 9, 11, 5, 7, 13, 15));
+  if constexpr (w16) return (lane_max<true>(z, (i32x8)((u32x8)z >> 16)) << 16) >> 16;
   return z;
+}
+
+//! Float bits of eight 16-bit patterns of T (half or bfloat16), one per 32-bit lane (upper half 0).
+template <class T>
+QCOLL_AVX2_INLINE i32x8 widen_bits16(i32x8 b) {
+  if constexpr (std::is_same<T, half>::value) {
+    const i16x8 h = __builtin_ia32_packusdw128(__builtin_shufflevector(b, b, 0, 1, 2, 3),
+                                               __builtin_shufflevector(b, b, 4, 5, 6, 7));
+    return (i32x8)__builtin_ia32_vcvtph2ps256(h);
+  } else {
+    return b << 16;
+  }
+}
+
+//! Reduces eight absmax_lanes vectors (v[tree_slot(k)] of block k) to one vector whose lane k is
+//! block k's largest |x| as float bits (NaN or Inf bits >= 0x7f800000 when the block holds one).
+template <class T>
+QCOLL_AVX2_INLINE i32x8 max_tree(const i32x8* v) {
+  const i32x8 z = lane_tree<sizeof(T) == 2>(v);
+  if constexpr (sizeof(T) == 2) return widen_bits16<T>(z);  // |x| patterns: the sign bit is 0
+  return z;
+}
+
+//! The values of eight order keys of T (order_key, or order_key16 sign-extended), one per lane.
+template <class T>
+QCOLL_AVX2_INLINE f32x8 key_values(i32x8 k) {
+  if constexpr (sizeof(T) == 4) return (f32x8)(k ^ (i32x8)((u32x8)(k >> 31) >> 1));
+  return (f32x8)widen_bits16<T>((k ^ ((k >> 15) & 0x7fff)) & 0xffff);
 }
 
 //! Bit k set for the lanes k of v (float bits) that are NaN or ±Inf.
@@ -1128,31 +1123,79 @@ QCOLL_AVX2_INLINE void encode_group(const T* const* x, std::size_t count, const 
 //! Encodes `count` <= group_blocks<F>() full blocks (block k at x[k]) of a format whose meta reads
 //! lo and hi (the asymmetric integers) with nearest rounding into their packed codes (codes + k *
 //! code bytes) and meta bytes (meta + k * F::meta_bytes), exactly as encode_block does: vector
-//! statistics, the scalar make_meta per block, vector encoding. Blocks holding NaN or ±Inf are
+//! statistics and make_meta one lane per block, vector encoding. Blocks holding NaN or ±Inf are
 //! left unwritten and returned as bits of the result (the caller runs encode_block for them).
 template <class F, class T>
-QCOLL_AVX2 inline unsigned encode_full_blocks(const T* const* x, std::size_t count, float message_scale,
+QCOLL_AVX2 inline unsigned encode_full_blocks(const T* const* x, std::size_t count, float /*message_scale*/,
                                               unsigned char* codes, unsigned char* meta) {
   using C = Codec<F>;
   static_assert(C::range, "the other formats go through encode_full_run");
   constexpr std::size_t code_bytes = F::block * F::code_bits / 8;
-  // Statistics and metas of the whole group first: the metas' divisions are independent.
-  BlockStats s[group_blocks<F>()];
-  typename F::Meta m[group_blocks<F>()];
-  unsigned skipped = 0;
-  for (std::size_t k = 0; k < count; ++k) {
+  // Statistics and metas of the whole group first, one lane per block: the order keys' maxima
+  // and minima (lane_tree), nonfinite blocks (a key past the infinities'), then F::make_meta's
+  // double arithmetic four blocks at a time.
+  constexpr bool w16 = sizeof(T) == 2;
+  i32x8 hi_part[8], nlo_part[8];
+  for (std::size_t k = 0; k < 8; ++k) {
+    const std::size_t slot = tree_slot(k);
+    if (k >= count) {  // unused lanes repeat block 0
+      hi_part[slot] = hi_part[tree_slot(0)];
+      nlo_part[slot] = nlo_part[tree_slot(0)];
+      continue;
+    }
     // The block one group ahead (the encode pass of this group then overlaps its loads).
     const std::uintptr_t ahead =
         reinterpret_cast<std::uintptr_t>(x[k]) + group_blocks<F>() * sizeof(T) * F::block;
     for (std::size_t line = 0; line < F::block * sizeof(T); line += 64)
       __builtin_prefetch(reinterpret_cast<const void*>(ahead + line));
-    if (!stats<true>(x[k], F::block, s[k])) skipped |= 1u << k;
+    key_lanes(x[k], F::block, hi_part[slot], nlo_part[slot]);
   }
-  // The metas in a loop of their own: their divisions then follow each other without the
-  // statistics between them.
+  const i32x8 khi = lane_tree<w16>(hi_part), knlo = lane_tree<w16>(nlo_part);
+  // order_key(+Inf) = ~order_key(-Inf): 0x7f800000, 0x7f80 (bfloat16), 0x7c00 (half)
+  constexpr int inf_key = !w16 ? 0x7f800000 : std::is_same<T, half>::value ? 0x7c00 : 0x7f80;
+  const i32x8 bad = vmax(khi, knlo) >= inf_key;
+  const unsigned live = (1u << count) - 1u;
+  const unsigned skipped = static_cast<unsigned>(__builtin_ia32_movmskps256((f32x8)bad)) & live;
+  f32x8 lo = (f32x8)((i32x8)key_values<T>(~knlo) & ~bad), hi = (f32x8)((i32x8)key_values<T>(khi) & ~bad);
+  const unsigned zero = static_cast<unsigned>(__builtin_ia32_movmskps256(
+                            (f32x8)((((i32x8)lo & 0x7fffffff) == 0) | (((i32x8)hi & 0x7fffffff) == 0)))) &
+                        live & ~skipped;
+  if (zero != 0) {  // a zero lo or hi takes the sign of the block's first zero (block_stats)
+    float l[8], h[8];
+    std::memcpy(l, &lo, sizeof l);
+    std::memcpy(h, &hi, sizeof h);
+    for (std::size_t k = 0; k < count; ++k) {
+      if (!(zero & (1u << k))) continue;
+      BlockStats st{0.0f, l[k], h[k], false};
+      stats_zero_sign(x[k], F::block, st);
+      l[k] = st.lo;
+      h[k] = st.hi;
+    }
+    std::memcpy(&lo, l, sizeof l);
+    std::memcpy(&hi, h, sizeof h);
+  }
+  // make_meta: scale = float((double(hi) - double(lo)) / qmax), inv = scale > 0 ? 1 / scale : 0
+  float scale[8], offset[8];
+  double inv[8];
+  std::memcpy(offset, &lo, sizeof offset);
+  for (int half4 = 0; half4 < 2; ++half4) {
+    const f32x4 l4 =
+        half4 ? __builtin_shufflevector(lo, lo, 4, 5, 6, 7) : __builtin_shufflevector(lo, lo, 0, 1, 2, 3);
+    const f32x4 h4 =
+        half4 ? __builtin_shufflevector(hi, hi, 4, 5, 6, 7) : __builtin_shufflevector(hi, hi, 0, 1, 2, 3);
+    const f64x4 span = __builtin_convertvector(h4, f64x4) - __builtin_convertvector(l4, f64x4);
+    const f32x4 sc = __builtin_convertvector(span / double(F::qmax), f32x4);
+    const f64x4 sd = __builtin_convertvector(sc, f64x4);
+    const i64x4 pos = sd > 0.0;
+    const f64x4 iv =
+        (f64x4)((i64x4)(1.0 / (f64x4)(((i64x4)sd & pos) | ((i64x4)(f64x4{} + 1.0) & ~pos))) & pos);
+    std::memcpy(scale + 4 * half4, &sc, sizeof sc);
+    std::memcpy(inv + 4 * half4, &iv, sizeof iv);
+  }
+  typename F::Meta m[8];
   for (std::size_t k = 0; k < count; ++k) {
     if (skipped & (1u << k)) continue;
-    m[k] = F::make_meta(s[k], message_scale);
+    m[k] = typename F::Meta{scale[k], offset[k], inv[k]};
     F::store_meta(m[k], meta + k * F::meta_bytes);
   }
   for (std::size_t k = 0; k < count; ++k) {
