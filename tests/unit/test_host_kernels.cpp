@@ -623,3 +623,21 @@ TEST_CASE_TEMPLATE("asymmetric integers encode values near rounding boundaries l
   CHECK(quantizes_like_portable<F>(near_ties<F, bfloat16>(blocks, 5)));
   CHECK(quantizes_like_portable<F>(near_ties<F, half>(blocks, 9)));
 }
+
+// host::quantize reads x[0, n) only: elements after n (NaN and large values here, where a kernel
+// that took the last partial block for a full one would see them) change nothing.
+TEST_CASE_TEMPLATE("elements after n do not change the message", F, Int8<32>, Int4<2048>, Fp8E4M3<32>,
+                   Int8Asym<32>, MxFp4, NvFp4) {
+  for (std::size_t n : {F::block + 3, 5 * F::block - 1, 9 * F::block + F::block / 2}) {
+    CAPTURE(n);
+    std::vector<float> x = make_input<float>(Kind::gaussian, n, F::block, 29);
+    const std::vector<float> exact = x;
+    x.resize(n + F::block);
+    for (std::size_t i = n; i < x.size(); ++i)
+      x[i] = (i % 2) ? 3e38f : std::numeric_limits<float>::quiet_NaN();
+    std::vector<unsigned char> want(packed_bytes<F>(n)), got(want.size());
+    portable_quantize<F>(exact, want.data(), host::QuantizeOptions{});
+    host::quantize<F>(x.data(), n, got.data(), got.size());
+    CHECK(got == want);
+  }
+}

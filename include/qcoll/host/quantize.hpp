@@ -135,12 +135,33 @@ struct BlockSource {
   std::size_t valid;
 };
 
+//! The Source of a contiguous array of n elements: block b at in + b * Block, the last block
+//! possibly partial (host::quantize). full_run_end answers for it in O(1).
+template <class T, std::size_t Block>
+struct ArraySource {
+  const T* in;
+  std::size_t n;
+  BlockSource<T> operator()(std::size_t b) const {
+    const std::size_t first = b * Block;
+    return BlockSource<T>{in + first, n - first < Block ? n - first : Block};
+  }
+};
+template <class S>
+struct is_array_source : std::false_type {};
+template <class T, std::size_t Block>
+struct is_array_source<ArraySource<T, Block>> : std::true_type {};
+
 //! The end of the run of full blocks from block b (whose source is s0 = src(b)) that follow each
 //! other in memory: the first block after b that is not full or does not start at s0.ptr + (end -
-//! b) * F::block (nb at most); b itself if s0 is not full. O(run length) calls of src.
+//! b) * F::block (nb at most); b itself if s0 is not full. O(run length) calls of src, O(1) for an
+//! ArraySource.
 template <class F, class T, class Source>
 inline std::size_t full_run_end(Source& src, std::size_t b, std::size_t nb, const BlockSource<T>& s0) {
   if (s0.valid != F::block) return b;
+  if constexpr (is_array_source<std::remove_cv_t<Source>>::value) {
+    const std::size_t full = src.n / F::block;  // > b, as block b is full
+    return full < nb ? full : nb;
+  }
   std::size_t end = b + 1;
   for (; end < nb; ++end) {
     const BlockSource<T> t = src(end);
@@ -603,13 +624,7 @@ std::size_t quantize(const T* in, std::size_t n, void* out, std::size_t out_byte
   check_aligned("host::quantize", "in", in, alignof(T));
   QCOLL_REQUIRE(out != nullptr, "host::quantize", "out", "null", "needs", need << " bytes");
   QCOLL_REQUIRE(out_bytes >= need, "host::quantize", "out_bytes", out_bytes, "is below the required", need);
-  detail::quantize_blocks<F, T>(
-      n,
-      [&](std::size_t b) {
-        const std::size_t first = b * F::block;
-        return detail::BlockSource<T>{in + first, n - first < F::block ? n - first : F::block};
-      },
-      out, opt);
+  detail::quantize_blocks<F, T>(n, detail::ArraySource<T, F::block>{in, n}, out, opt);
   return need;
 }
 
