@@ -602,10 +602,11 @@ inline MessageHeader read_header(const void* msg, std::size_t n, const char* fun
 
 }  // namespace detail
 
-//! The instruction set the host kernels run with on this processor, e.g. "AVX2" or "portable".
+//! The instruction set the host kernels run with on this processor: "AVX2+F16C+FMA" (FMA serves
+//! the asymmetric integers' decode), "AVX2+F16C" or "portable".
 inline const char* kernel_isa() {
 #if QCOLL_HOST_AVX2_DISPATCH
-  if (detail::avx2::supported()) return "AVX2+F16C";
+  if (detail::avx2::supported()) return detail::avx2::has_fma() ? "AVX2+F16C+FMA" : "AVX2+F16C";
 #endif
   return "portable";
 }
