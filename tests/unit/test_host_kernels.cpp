@@ -573,6 +573,18 @@ TEST_CASE_TEMPLATE("asymmetric integers decode like the reference on both sides 
   CHECK(arbitrary_message_mismatches<F, float>(msg, n) == 0u);
   CHECK(arbitrary_message_mismatches<F, bfloat16>(msg, n) == 0u);
   CHECK(arbitrary_message_mismatches<F, half>(msg, n) == 0u);
+#if QCOLL_HOST_AVX2_DISPATCH
+  // The loop a processor without FMA runs: the double arithmetic for every block.
+  if (host::detail::avx2::supported()) {
+    const std::size_t full = n / F::block;
+    std::vector<float> y(full * F::block);
+    host::detail::avx2::decode_full_blocks<F, float, host::detail::avx2::Sink::store, false>(
+        msg.data() + L::codes_offset, msg.data() + L::metas_offset(n), 0.0f, y.data(), full);
+    std::size_t bad = 0;
+    for (std::size_t i = 0; i < y.size(); ++i) bad += !same(ref_decode<F>(msg.data(), n, i), y[i]);
+    CHECK(bad == 0u);
+  }
+#endif
 }
 
 // The asymmetric integers encode from a float estimate of the double (x - offset) / scale and take

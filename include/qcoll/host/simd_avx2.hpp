@@ -1754,11 +1754,12 @@ QCOLL_AVX2_FMA inline void decode_asymmetric_blocks(const unsigned char* codes, 
 //! meta + k * F::meta_bytes) into out[0, count * F::block) as V, or adds them to fp32
 //! accumulators (Sink::add): equal to F::decode per element followed by from_float<V> (or
 //! fp::add). Sink::stream: out 16-byte aligned. O(count * F::block), plus an O(256) set-up for
-//! NVFP4 (its E4M3 table) and MX (the interval of mx_exact_codes).
-template <class F, class V, Sink S>
+//! NVFP4 (its E4M3 table) and MX (the interval of mx_exact_codes). Fma = false leaves out the
+//! asymmetric integers' FMA loop (what a processor without FMA runs; the tests call it so).
+template <class F, class V, Sink S, bool Fma = true>
 QCOLL_AVX2 inline void decode_full_blocks(const unsigned char* codes, const unsigned char* meta,
                                           float message_scale, V* out, std::size_t count) {
-  if constexpr (is_asymmetric<F>::value) {
+  if constexpr (Fma && is_asymmetric<F>::value) {
     if (has_fma()) return decode_asymmetric_blocks<F, S>(codes, meta, out, count);
   }
   constexpr std::size_t code_bytes = F::block * F::code_bits / 8;
