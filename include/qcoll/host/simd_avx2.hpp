@@ -1716,11 +1716,6 @@ QCOLL_AVX2_INLINE std::size_t decode_nvfp4_blocks(const DecodeTable<NvFp4>& tabl
   return k;
 }
 
-template <class F>
-struct is_asymmetric : std::false_type {};
-template <unsigned B, std::size_t K>
-struct is_asymmetric<AsymmetricInt<B, K>> : std::true_type {};
-
 //! decode_full_blocks for the asymmetric integers, on a processor with FMA: a block whose sum
 //! offset + code * scale is exact in double (Codec::fma_exact) decodes by one float FMA per
 //! element, which rounds that sum once as F::decode does; the others by Dec's double arithmetic.
@@ -1759,7 +1754,7 @@ QCOLL_AVX2_FMA inline void decode_asymmetric_blocks(const unsigned char* codes, 
 template <class F, class V, Sink S, bool Fma = true>
 QCOLL_AVX2 inline void decode_full_blocks(const unsigned char* codes, const unsigned char* meta,
                                           float message_scale, V* out, std::size_t count) {
-  if constexpr (Fma && is_asymmetric<F>::value) {
+  if constexpr (Fma && Codec<F>::range) {  // the asymmetric integers
     if (has_fma()) return decode_asymmetric_blocks<F, S>(codes, meta, out, count);
   }
   constexpr std::size_t code_bytes = F::block * F::code_bits / 8;
