@@ -1266,6 +1266,7 @@ int main(int argc, char** argv) {
     return 2;
   }
 
+  qcoll::cuda_local_request_queues();  // before the first CUDA call: one hardware queue per rank's stream
   int visible = 0;
   if (cudaGetDeviceCount(&visible) != cudaSuccess || visible == 0) {
     (void)cudaGetLastError();

@@ -15,6 +15,7 @@ void check(cudaError_t e) {
 }  // namespace
 
 int main() {
+  qcoll::cuda_local_request_queues();  // before the first CUDA call: 8 ranks' streams, one queue each
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
     std::printf("skipped: no CUDA device\n");

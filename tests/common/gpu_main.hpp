@@ -8,8 +8,12 @@
 #include <doctest/doctest.h>
 
 #include <cstdio>
+#include <cstdlib>
 
 int main(int argc, char** argv) {
+  // Before the first CUDA call, as qcoll::cuda_local_request_queues() does: the cuda_local graph
+  // tests run up to 8 ranks' streams besides others, more than CUDA's default 8 hardware queues.
+  (void)setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);
   int devices = 0;
   const cudaError_t err = cudaGetDeviceCount(&devices);
   if (err != cudaSuccess || devices == 0) {

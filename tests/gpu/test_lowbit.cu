@@ -202,7 +202,14 @@ void device_rank(Tr& t, cudaStream_t s, const std::vector<long long>& ids, std::
       QCOLL_CUDA_CHECK(
           cudaMemcpyAsync(din.as(), step[ri].data(), in_count * sizeof(T), cudaMemcpyHostToDevice, s));
     if (graph) {
+      // Host copies (pageable, so synchronous) only while no replay waits: a rank blocked in one
+      // could not launch the replay its peers' replays wait for (docs/device.md). Direct calls
+      // need no such care.
+      QCOLL_CUDA_CHECK(cudaStreamSynchronize(s));
+      t.barrier();
       QCOLL_CUDA_CHECK(cudaGraphLaunch(exec, s));
+      QCOLL_CUDA_CHECK(cudaStreamSynchronize(s));
+      t.barrier();
     } else {
       call();
     }

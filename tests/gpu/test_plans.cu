@@ -808,8 +808,14 @@ void check_graph(const Spec& spec, Failures& fails) {
       t.barrier();  // no rank is still capturing or instantiating when the first replay waits for it
 
       for (std::size_t k = 0; k < kReplays; ++k) {
+        // Host copies (pageable, so synchronous) only while no replay waits: a rank blocked in one
+        // could not launch the replay its peers' replays wait for (docs/device.md).
         c.load(in[k][ri], s);
+        TEST_CUDA(cudaStreamSynchronize(s));
+        t.barrier();
         TEST_CUDA(cudaGraphLaunch(exec, s));
+        TEST_CUDA(cudaStreamSynchronize(s));
+        t.barrier();
         got[k].out[ri] = download(c.out.template as<T>(), c.n_out, s);
         got[k].flags[ri] = q::gpu::read_result_flags(c.ws.get(), s);
       }

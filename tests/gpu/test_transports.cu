@@ -364,11 +364,17 @@ TEST_CASE("cuda_local all_gather and all_to_all captured in a CUDA graph and rep
     t.barrier();
 
     // Iterations 0, 2, 3 replay the graph; iteration 1 makes the same calls directly.
+    // Host copies (pageable, so synchronous) only while no replay waits: a rank blocked in one
+    // could not launch the replay its peers' replays wait for (docs/device.md). The direct step
+    // needs no such care.
     for (unsigned k = 0; k < 4; ++k) {
-      if (k == 1)
+      if (k == 1) {
         step();
-      else
+      } else {
         TEST_CUDA(cudaGraphLaunch(g.exec, s));
+        TEST_CUDA(cudaStreamSynchronize(s));
+        t.barrier();
+      }
       const std::vector<unsigned char> got_g = download(grecv.get(), total, s);
       const std::vector<unsigned char> got_s = download(srecv.get(), 2 * kBytes, s);
       const std::vector<unsigned char> got_a = download(arecv.get(), total, s);
@@ -400,6 +406,7 @@ TEST_CASE("cuda_local all_gather and all_to_all captured in a CUDA graph and rep
           }
         }
       }
+      t.barrier();
     }
     // The graph advanced the device counter on each of its 3 replays, the direct step once.
     unsigned iterations = 0;

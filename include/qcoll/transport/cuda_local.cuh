@@ -2,8 +2,9 @@
 //! \file
 //! The in-process device transport: ranks are host threads of one process sharing one GPU, each
 //! with its own stream; all_gather and all_to_all are stream-ordered device-to-device copies
-//! between the ranks' buffers, ordered across ranks by a small device-side protocol, so calls can
-//! be captured in CUDA graphs. For tests and one-GPU use of the device code paths.
+//! between the ranks' buffers, ordered across ranks by events (direct calls) or by a small
+//! device-side protocol (calls captured in CUDA graphs). For tests and one-GPU use of the device
+//! code paths.
 //!
 //! \code
 //!   qcoll::CudaLocalGroup group(4);                          // 4 ranks on device 0
@@ -17,47 +18,60 @@
 //! and a rank that fails makes every collective of the run throw instead of hanging, exactly as
 //! for the host transport.
 //!
-//! **Protocol.** Every group (the run's world and every sub-group made by split()) owns device
+//! **Direct calls** (the stream is not being captured). A data call of rank i on stream s is:
+//!   1. record rank i's event `ready` on s (everything enqueued before the call, which wrote the
+//!      send buffer, precedes it);
+//!   2. host exchange of call descriptions: checks agreement, learns the peers' send pointers and
+//!      events;
+//!   3. s waits for every peer's `ready` (cudaStreamWaitEvent), then copies from the peers' send
+//!      buffers into recv; record rank i's event `done` on s;
+//!   4. host barrier (every rank has recorded its `done`), then s waits for every peer's `done`:
+//!      every peer has then finished reading this rank's send buffer, so work enqueued on s after
+//!      the call may overwrite it.
+//! Every wait is for work already enqueued, so the calls are correct under CUDA's rules alone:
+//! nothing spins on the device, and they cannot hang whatever else the ranks' threads do
+//! (device-synchronising calls such as cudaFree, any number of ranks and streams). No host
+//! synchronisation with the device, no allocation.
+//!
+//! **Captured calls** (CUDA graphs). A replay has no host step, so the order across ranks is kept
+//! on the device: every group (the run's world and every sub-group made by split()) owns device
 //! memory holding two 64-bit counters per rank, ready[W] and done[W]; slot i is written only by
-//! rank i, and both only grow. A data call of rank i on stream s is:
-//!   1. host exchange of call descriptions (the only host step: checks agreement, learns the
-//!      peers' send pointers);
-//!   2. an `arrive` kernel on s: e = ready[i] + 1, release-store ready[i] = e, then wait until
-//!      every peer's ready[r] >= e (acquire loads). Everything enqueued on each rank's stream
-//!      before the call (which wrote its send buffer) is then complete;
-//!   3. cudaMemcpyAsync copies from the peers' send buffers into recv, on s;
-//!   4. a `depart` kernel on s: e = done[i] + 1, release-store done[i] = e, then wait until every
-//!      peer's done[r] >= e. Every peer has then finished reading this rank's send buffer, so
-//!      work enqueued on s after the call may overwrite it, and this rank's recv is complete.
-//! No event, no host synchronisation, no allocation: the epoch e lives in device memory, so the
-//! same kernels work whether s is being captured or not.
+//! rank i, and both only grow. A captured call records an `arrive` kernel (e = ready[i] + 1,
+//! release-store ready[i] = e, then wait until every peer's ready[r] >= e), the copies (by a copy
+//! kernel, not the copy engines: see cuda_local_copy_kernel), and a `depart` kernel (the same on
+//! done[]). Capture with cudaStreamCaptureModeThreadLocal or
+//! Relaxed (the ranks capture concurrently on their own threads); the host exchange happens at
+//! capture time, and the graph reads the peers' send pointers given at capture, which must stay
+//! allocated while the graph is used. All ranks must capture the same calls (a call captured by
+//! some ranks and made directly by others throws on every rank). Preconditions of replay: every
+//! rank replays its graphs the same number of times, in the same order relative to each other and
+//! to the group's captured calls; calls of one group on one rank are ordered on the device (one
+//! stream, or streams joined by events), as for NCCL; and the ranks' replays run concurrently.
+//! That last one is not promised by CUDA: the waiting kernels need every peer's kernels to start
+//! while they spin, which fails when two ranks' streams share one of the device's hardware queues
+//! (CUDA_DEVICE_MAX_CONNECTIONS, default 8, so more than a few streams in the process), or when a
+//! rank's thread blocks in a device-synchronising call (cudaFree, cudaDeviceSynchronize) or a
+//! copy to or from pageable host memory before it has launched its replay. Launch every rank's
+//! replays after a barrier(), keep world + (other streams) within CUDA_DEVICE_MAX_CONNECTIONS
+//! (cuda_local_request_queues() at the start of main() asks for 32), and synchronise and
+//! barrier() before host copies or freeing memory. Capture on one stream per rank: the one program
+//! whose capture forks to a second stream hung on an H200 (docs/device.md). counters() count calls when
+//! they are enqueued or captured, never at replay.
 //!
-//! **CUDA graphs.** A call made while s is captured (use cudaStreamCaptureModeThreadLocal or
-//! Relaxed: the ranks capture concurrently on their own threads) does its host exchange at
-//! capture time and records the kernels and copies; the graph reads the peers' send pointers given
-//! at capture, which must stay allocated while the graph is used. Precondition: every rank runs
-//! the same sequence of data calls of a group on the device, counting a replay of a graph as the
-//! calls it captured: all ranks replay their graphs the same number of times, in the same order
-//! relative to each other and to direct calls. Calls of one group on one rank must be ordered on
-//! the device (one stream, or streams joined by events), as for NCCL. A replay has no host step:
-//! a failed rank makes its peers' next direct call throw, but their replays time out (below).
-//! counters() count calls when they are enqueued or captured, never at replay.
-//!
-//! **Never hangs silently.** The waits of step 2 and 4 give up after the group's timeout
+//! **Never hangs silently.** The waits of the captured protocol give up after the group's timeout
 //! (CudaLocalGroup, default 120 s, measured with %globaltimer): the kernel prints one line (rank,
-//! epoch, peer) and executes a trap, so the CUDA context fails loudly (every later CUDA call of
-//! the process returns an error). Causes: a rank that stops making the calls its peers make (for
-//! example a rank that stops replaying a graph), or a rank whose kernels cannot start while its
-//! peers' kernels wait: a rank's thread blocked in a device-synchronising call (cudaFree,
-//! cudaDeviceSynchronize, stream creation) before it has enqueued its share, or more ranks than the
-//! device runs streams concurrently (CUDA_DEVICE_MAX_CONNECTIONS hardware queues, default 8).
+//! epoch, peer) and executes a trap, so the CUDA context fails loudly (every later CUDA call of the
+//! process returns an error). A failed rank makes its peers' next direct call throw; their
+//! replays time out.
 
 #include <cuda_runtime.h>
 #include <cuda/atomic>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <limits>
 #include <memory>
@@ -139,6 +153,26 @@ __global__ void __launch_bounds__(32)
   }
 }
 
+//! Copies `bytes` bytes from `src` to `dst` with the multiprocessors, 16 bytes per thread where
+//! both are 16-byte aligned. Captured calls copy with this kernel, not with copy-engine copies: a
+//! replay's copies wait for its `arrive` kernel, and pending copy-engine work of one rank's graph
+//! was seen on an H200 to hold up a peer's own copies (a device-to-host download before its
+//! replay), so that the peer never launched the replay its rank waited for.
+__global__ void __launch_bounds__(256)
+    cuda_local_copy_kernel(unsigned char* dst, const unsigned char* src, std::size_t bytes) {
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  const std::size_t first = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  std::size_t tail = 0;
+  if (((reinterpret_cast<std::uintptr_t>(dst) | reinterpret_cast<std::uintptr_t>(src)) & 15u) == 0) {
+    const std::size_t words = bytes / 16;
+    uint4* d = reinterpret_cast<uint4*>(dst);
+    const uint4* s = reinterpret_cast<const uint4*>(src);
+    for (std::size_t k = first; k < words; k += stride) d[k] = s[k];
+    tail = words * 16;
+  }
+  for (std::size_t k = tail + first; k < bytes; k += stride) dst[k] = src[k];
+}
+
 //! Makes a device current for its lifetime and restores the previous one.
 class CudaLocalDeviceScope {
  public:
@@ -155,8 +189,8 @@ class CudaLocalDeviceScope {
 };
 
 //! State of one CudaLocalGroup::run() shared by all its transports: the device, the timeout of
-//! the protocol's waits, and the registry of the groups' counter allocations (freed when the run
-//! ends, after every thread has joined).
+//! the protocol's waits, and the registry of the groups' counter allocations and the ranks'
+//! events (freed when the run ends, after every thread has joined).
 class CudaLocalRunShared {
  public:
   CudaLocalRunShared(int device, unsigned long long timeout_ns) : device_(device), timeout_ns_(timeout_ns) {}
@@ -187,17 +221,30 @@ class CudaLocalRunShared {
     return static_cast<unsigned long long*>(p);
   }
 
+  //! Creates an event (timing disabled) that lives until the run ends: a rank's peers wait on its
+  //! events (direct calls), so they must outlive the rank's own transport. Set-up only.
+  cudaEvent_t create_event() {
+    std::lock_guard<std::mutex> lk(mu_);
+    events_.reserve(events_.size() + 1);  // so that the push_back below cannot throw
+    cudaEvent_t e = nullptr;
+    QCOLL_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    events_.push_back(e);
+    return e;
+  }
+
   //! Waits for the device (a protocol kernel may still run on a stream the user gave), then frees
-  //! every registered allocation. Returns the result of the wait (frees in any case).
+  //! every registered allocation and event. Returns the result of the wait (frees in any case).
   cudaError_t release_all() noexcept {
     std::lock_guard<std::mutex> lk(mu_);
-    if (blocks_.empty()) return cudaSuccess;
+    if (blocks_.empty() && events_.empty()) return cudaSuccess;
     int previous = 0;
     const bool restore = cudaGetDevice(&previous) == cudaSuccess;
     (void)cudaSetDevice(device_);
     const cudaError_t err = cudaDeviceSynchronize();
     for (void* p : blocks_) (void)cudaFree(p);
     blocks_.clear();
+    for (cudaEvent_t e : events_) (void)cudaEventDestroy(e);
+    events_.clear();
     (void)cudaGetLastError();
     if (restore) (void)cudaSetDevice(previous);
     return err;
@@ -207,7 +254,8 @@ class CudaLocalRunShared {
   int device_;
   unsigned long long timeout_ns_;
   std::mutex mu_;
-  std::vector<void*> blocks_;  // guarded by mu_
+  std::vector<void*> blocks_;        // guarded by mu_
+  std::vector<cudaEvent_t> events_;  // guarded by mu_
 };
 
 //! Per-rank CUDA resources of one CudaLocalGroup::run(): the rank's stream. Shared by the rank's
@@ -237,9 +285,12 @@ class CudaLocalRankResources {
 
 //! What a rank of a CudaLocalTransport publishes for a data collective (exchanged on the host).
 struct CudaLocalCall {
-  int op = 0;  // 1 all_gather, 2 all_to_all
+  int op = 0;        // 1 all_gather, 2 all_to_all
+  int captured = 0;  // 1: the call's stream is being captured (counter protocol)
   std::size_t bytes = 0;
   const void* send = nullptr;
+  cudaEvent_t ready = nullptr;  // direct calls: recorded after the work that wrote `send`
+  cudaEvent_t done = nullptr;   // direct calls: recorded after this rank's copies
 };
 
 }  // namespace detail
@@ -278,8 +329,10 @@ class CudaLocalTransport {
   //! when send == recv + rank() * bytes_per_rank; otherwise send must not overlap recv. Buffers
   //! must be device-accessible (cudaMalloc, managed or pinned). Returns without waiting for the
   //! copies; `send` may be overwritten by work enqueued on `stream` after the call. Capturable
-  //! (see the file's comment). Enqueues two one-warp kernels (none with one rank or zero bytes)
-  //! and size() - 1 (or size() when not in place) copies; no allocation, no host synchronisation.
+  //! (see the file's comment). Enqueues size() - 1 (or size() when not in place) copies and, with
+  //! several ranks and bytes, 2 * size() event operations and two host rendezvous (direct; the
+  //! copies by cudaMemcpyAsync) or two one-warp kernels (captured; the copies by a copy kernel);
+  //! no allocation, no host synchronisation with the device.
   void all_gather(const void* send, void* recv, std::size_t bytes_per_rank, stream_type stream = {}) {
     const char* fn = "CudaLocalTransport::all_gather";
     const bool in_place = detail::check_all_gather(fn, send, recv, bytes_per_rank, rank(), size());
@@ -372,6 +425,8 @@ class CudaLocalTransport {
   }
 
   void init_peers() {
+    ready_event_ = shared_->create_event();
+    done_event_ = shared_->create_event();
     intra_peers_ = 0;
     for (int r = 0; r < size(); ++r)
       if (r != rank() && host_->node_of(r) == host_->node_of(rank())) ++intra_peers_;
@@ -394,60 +449,105 @@ class CudaLocalTransport {
     QCOLL_CUDA_CHECK_LAUNCH();
   }
 
+  //! Enqueues this rank's copies on `stream`: block r of `recv` from rank r's send buffer (op 1),
+  //! or from block rank() of it (op 2); by cudaMemcpyAsync, or by cuda_local_copy_kernel when
+  //! `by_kernel` (captured calls). Returns the first failure instead of throwing, so that the
+  //! caller still completes its share of the protocol.
+  std::exception_ptr enqueue_copies(int op, void* recv, std::size_t bytes, bool in_place, bool by_kernel,
+                                    cudaStream_t stream) {
+    try {
+      auto* out = static_cast<unsigned char*>(recv);
+      const int me = rank();
+      const std::size_t my_block = static_cast<std::size_t>(me) * bytes;
+      for (int r = 0; r < size(); ++r) {
+        if (op == 1 && r == me && in_place) continue;
+        const unsigned char* src =
+            static_cast<const unsigned char*>(calls_[static_cast<std::size_t>(r)].send);
+        if (op == 2) src += my_block;
+        unsigned char* dst = out + static_cast<std::size_t>(r) * bytes;
+        if (by_kernel) {
+          const std::size_t blocks = std::min<std::size_t>((bytes + 4095) / 4096, 1024);
+          detail::cuda_local_copy_kernel<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(dst, src, bytes);
+          QCOLL_CUDA_CHECK_LAUNCH();
+        } else {
+          QCOLL_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream));
+        }
+      }
+    } catch (...) {
+      return std::current_exception();
+    }
+    return nullptr;
+  }
+
   //! The protocol described at the top of this file. op 1: all_gather, 2: all_to_all.
   void exchange(int op, const void* send, void* recv, std::size_t bytes, bool in_place, cudaStream_t stream) {
     if (stream == nullptr) stream = res_->stream();
     const int n = size();
     const int me = rank();
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    QCOLL_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
     detail::CudaLocalCall mine;
     mine.op = op;
+    mine.captured = capture == cudaStreamCaptureStatusNone ? 0 : 1;
     mine.bytes = bytes;
     mine.send = send;
+    mine.ready = ready_event_;
+    mine.done = done_event_;
+    // Direct call: mark the point after which `send` is complete, before the peers learn of it.
+    if (!mine.captured && bytes > 0 && n > 1) QCOLL_CUDA_CHECK(cudaEventRecord(mine.ready, stream));
     // Host exchange of call descriptions. Its own size check cannot fail (every rank sends one
     // description); a failed peer makes it throw on every rank.
     host_->all_gather(&mine, calls_.data(), sizeof(detail::CudaLocalCall));
 
     for (int r = 0; r < n; ++r) {
       const detail::CudaLocalCall& o = calls_[static_cast<std::size_t>(r)];
-      if (o.op == op && o.bytes == bytes) continue;
+      if (o.op == op && o.bytes == bytes && o.captured == mine.captured) continue;
       std::ostringstream os;
       os << "qcoll::CudaLocalTransport::" << op_name(op) << ": ranks disagree on the collective: rank " << me
-         << " called " << op_name(op) << " with bytes_per_rank = " << bytes << ", rank " << r << " called "
-         << op_name(o.op) << " with bytes_per_rank = " << o.bytes;
+         << " called " << op_name(op) << " with bytes_per_rank = " << bytes
+         << (mine.captured ? " while capturing" : "") << ", rank " << r << " called " << op_name(o.op)
+         << " with bytes_per_rank = " << o.bytes << (o.captured ? " while capturing" : "");
       throw Error(os.str());  // every rank sees the same descriptions, so all throw here
     }
 
     // From here on every rank of the group enqueues its share. Ranks agree on `bytes`, so they
-    // all skip the device protocol together when there is nothing to move; with one rank there
-    // is no peer to order against.
-    const bool sync = bytes > 0 && n > 1;
-    // If this launch fails the peers' arrive kernels time out (the device is in trouble anyway).
-    if (sync) launch_phase(detail::CudaLocalPhase::arrive, stream);
-    // A failure to enqueue a copy is rethrown only after depart is enqueued, so that the peers'
-    // kernels of this epoch complete.
-    std::exception_ptr failure;
-    try {
-      auto* out = static_cast<unsigned char*>(recv);
-      const std::size_t my_block = static_cast<std::size_t>(me) * bytes;
-      if (bytes > 0) {
-        for (int r = 0; r < n; ++r) {
-          if (op == 1 && r == me && in_place) continue;
-          const unsigned char* src =
-              static_cast<const unsigned char*>(calls_[static_cast<std::size_t>(r)].send);
-          if (op == 2) src += my_block;
-          QCOLL_CUDA_CHECK(cudaMemcpyAsync(out + static_cast<std::size_t>(r) * bytes, src, bytes,
-                                           cudaMemcpyDefault, stream));
+    // all skip the protocol together when there is nothing to move; with one rank there is no
+    // peer to order against.
+    if (bytes > 0 && n > 1) {
+      std::exception_ptr failure;
+      if (mine.captured) {
+        // If this launch fails the peers' arrive kernels time out (the device is in trouble anyway).
+        launch_phase(detail::CudaLocalPhase::arrive, stream);
+        // A failure to enqueue a copy is rethrown only after depart is enqueued, so that the
+        // peers' kernels of this epoch complete.
+        failure = enqueue_copies(op, recv, bytes, in_place, true, stream);
+        try {
+          launch_phase(detail::CudaLocalPhase::depart, stream);
+        } catch (...) {
+          if (!failure) failure = std::current_exception();
         }
+      } else {
+        for (int r = 0; r < n; ++r)
+          if (r != me)
+            QCOLL_CUDA_CHECK(cudaStreamWaitEvent(stream, calls_[static_cast<std::size_t>(r)].ready, 0));
+        failure = enqueue_copies(op, recv, bytes, in_place, false, stream);
+        try {
+          QCOLL_CUDA_CHECK(cudaEventRecord(mine.done, stream));
+        } catch (...) {
+          if (!failure) failure = std::current_exception();
+        }
+        // Every rank has recorded its `done` (and will not record it again before the next
+        // call's host exchange, which this rank joins only after waiting on it).
+        host_->barrier();
+        for (int r = 0; r < n; ++r)
+          if (r != me)
+            QCOLL_CUDA_CHECK(cudaStreamWaitEvent(stream, calls_[static_cast<std::size_t>(r)].done, 0));
       }
-    } catch (...) {
-      failure = std::current_exception();
+      if (failure) std::rethrow_exception(failure);
+    } else if (bytes > 0) {
+      std::exception_ptr failure = enqueue_copies(op, recv, bytes, in_place, mine.captured != 0, stream);
+      if (failure) std::rethrow_exception(failure);
     }
-    try {
-      if (sync) launch_phase(detail::CudaLocalPhase::depart, stream);
-    } catch (...) {
-      if (!failure) failure = std::current_exception();
-    }
-    if (failure) std::rethrow_exception(failure);
     detail::count_exchange(counters_, intra_peers_, inter_peers_, bytes);
   }
 
@@ -455,12 +555,31 @@ class CudaLocalTransport {
   LocalTransport* host_ = nullptr;         // owned_.get() or the run's top-level host transport
   std::shared_ptr<detail::CudaLocalRankResources> res_;
   std::shared_ptr<detail::CudaLocalRunShared> shared_;
-  unsigned long long* sync_ = nullptr;        // the group's device counters: ready[size()], done[size()]
+  unsigned long long* sync_ = nullptr;  // the group's device counters: ready[size()], done[size()]
+  cudaEvent_t ready_event_ = nullptr;   // this rank's events for direct calls, owned by shared_
+  cudaEvent_t done_event_ = nullptr;
   std::vector<detail::CudaLocalCall> calls_;  // scratch for the host exchange, one per rank
   int intra_peers_ = 0;
   int inter_peers_ = 0;
   ByteCounters counters_;
 };
+
+//! Asks CUDA for `queues` hardware work queues (CUDA_DEVICE_MAX_CONNECTIONS, 1..32; CUDA's
+//! default is 8) unless the variable is already set, so that the ranks' streams of a
+//! CudaLocalGroup whose calls are captured in graphs do not share queues (see the file's
+//! comment). Takes effect only if called before the process's first CUDA call (start of main()).
+//! Returns false, and changes nothing, when the variable was already set.
+inline bool cuda_local_request_queues(int queues = 32) {
+  QCOLL_REQUIRE(queues >= 1 && queues <= 32, "cuda_local_request_queues", "queues", queues, "is outside",
+                "[1, 32]");
+  if (std::getenv("CUDA_DEVICE_MAX_CONNECTIONS") != nullptr) return false;
+  const std::string value = std::to_string(queues);
+#if defined(_WIN32)
+  return _putenv_s("CUDA_DEVICE_MAX_CONNECTIONS", value.c_str()) == 0;
+#else
+  return setenv("CUDA_DEVICE_MAX_CONNECTIONS", value.c_str(), 0) == 0;
+#endif
+}
 
 //! A group of `world` ranks run as host threads of this process, sharing one GPU.
 class CudaLocalGroup {
@@ -487,7 +606,8 @@ class CudaLocalGroup {
   //! them, allocates the group's device counters (2 * size() 64-bit words). Each thread makes
   //! `device()` current and creates its rank's non-blocking stream; when f returns (or throws) the
   //! stream is synchronised and destroyed. After all threads have joined, waits for the device and
-  //! frees the counters of the group and of every sub-group split from it; throws qcoll::Error if
+  //! frees the counters of the group and of every sub-group split from it, and every transport's
+  //! two events (cudaEventCreate, at construction and split); throws qcoll::Error if
   //! that wait reports a CUDA error and no rank failed.
   //! Failure semantics are those of LocalGroup::run(): a failing rank makes every collective of
   //! the run throw instead of hanging, and run() rethrows the first failure.
