@@ -256,11 +256,32 @@ TEST_CASE("cuda_local: bad arguments and disagreeing ranks") {
     } catch (const qcoll::Error&) {
       ++caught;
     }
+    // Rank 0 captures the call, rank 1 makes it directly: the two would order their copies by
+    // different protocols, so both throw, naming the capture.
+    {
+      const cudaStream_t s = t.stream();
+      if (t.rank() == 0) TEST_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+      std::string what;
+      try {
+        t.all_gather(d.get(), d.get() + 2 * kBytes, 16, s);
+      } catch (const qcoll::Error& e) {
+        what = e.what();
+      }
+      if (t.rank() == 0) {
+        cudaGraph_t g = nullptr;
+        TEST_CUDA(cudaStreamEndCapture(s, &g));
+        if (g != nullptr) TEST_CUDA(cudaGraphDestroy(g));
+      }
+      if (what.find("while capturing") == std::string::npos || what.find("disagree") == std::string::npos)
+        fails.add("rank " + std::to_string(t.rank()) + ": capture mismatch: '" + what + "'");
+      else
+        ++caught;
+    }
     t.barrier();
     if (t.counters().calls != 0) fails.add("failed calls were counted");
   });
   for (const auto& m : fails.messages) FAIL_CHECK(m);
-  CHECK(caught.load() == 2 * 6);
+  CHECK(caught.load() == 2 * 7);
   CHECK_THROWS_AS(qcoll::CudaLocalGroup(2, {}, -1), qcoll::Error);
   CHECK_THROWS_AS(qcoll::CudaLocalGroup(0), qcoll::Error);
   CHECK_THROWS_AS(qcoll::CudaLocalGroup(2, {0}), qcoll::Error);
