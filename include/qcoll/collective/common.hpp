@@ -342,6 +342,20 @@ struct LayoutSource {
     return host::detail::BlockSource<T>{base + at,
                                         rotated_count(layout.data_in(first + at, Block), rotation)};
   }
+  //! The end (nb at most) of the run of full blocks from block b, which is full (the quantizers'
+  //! full_run_end): a flat layout's blocks are full up to numel, O(1); a group's are checked one
+  //! by one. A partial block that a rotation fills ends the run early, which costs nothing but a
+  //! shorter run.
+  std::size_t full_run_end(std::size_t b, std::size_t nb) const {
+    std::size_t end = b + 1;
+    if (!layout.grouped()) {
+      const std::size_t at = first + b * Block;  // below numel, as block b is full
+      end = b + (layout.numel() - at) / Block;
+    } else {
+      while (end < nb && rotated_count(layout.data_in(first + end * Block, Block), rotation) == Block) ++end;
+    }
+    return end < nb ? end : nb;
+  }
 };
 
 //! Decodes the first `valid` of the n elements of a checked message into out as T and zeroes

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
+#include <utility>
 
 #include "../core/error.hpp"
 #include "../format/message.hpp"
@@ -136,7 +137,7 @@ struct BlockSource {
 };
 
 //! The Source of a contiguous array of n elements: block b at in + b * Block, the last block
-//! possibly partial (host::quantize). full_run_end answers for it in O(1).
+//! possibly partial (host::quantize). It states its runs of full blocks (full_run_end, O(1)).
 template <class T, std::size_t Block>
 struct ArraySource {
   const T* in;
@@ -145,29 +146,40 @@ struct ArraySource {
     const std::size_t first = b * Block;
     return BlockSource<T>{in + first, n - first < Block ? n - first : Block};
   }
+  //! The end of the run of full blocks from block b (full): every block before n / Block; nb at most.
+  std::size_t full_run_end(std::size_t, std::size_t nb) const {
+    const std::size_t full = n / Block;
+    return full < nb ? full : nb;
+  }
 };
+
+//! Whether a Source states its runs of full blocks itself: a member full_run_end(b, nb), the end
+//! (nb at most) of a run of full blocks from block b (full), each starting Block elements after
+//! the one before; it may stop before the last such block, never after.
+template <class S, class = void>
+struct states_runs : std::false_type {};
 template <class S>
-struct is_array_source : std::false_type {};
-template <class T, std::size_t Block>
-struct is_array_source<ArraySource<T, Block>> : std::true_type {};
+struct states_runs<S,
+                   std::void_t<decltype(std::declval<const S&>().full_run_end(std::size_t{}, std::size_t{}))>>
+    : std::true_type {};
 
 //! The end of the run of full blocks from block b (whose source is s0 = src(b)) that follow each
 //! other in memory: the first block after b that is not full or does not start at s0.ptr + (end -
-//! b) * F::block (nb at most); b itself if s0 is not full. O(run length) calls of src, O(1) for an
-//! ArraySource.
+//! b) * F::block (nb at most); b itself if s0 is not full. A Source that states its runs answers
+//! (states_runs; it may answer with a shorter run); others are scanned: O(run length) calls of src.
 template <class F, class T, class Source>
 inline std::size_t full_run_end(Source& src, std::size_t b, std::size_t nb, const BlockSource<T>& s0) {
   if (s0.valid != F::block) return b;
-  if constexpr (is_array_source<std::remove_cv_t<Source>>::value) {
-    const std::size_t full = src.n / F::block;  // > b, as block b is full
-    return full < nb ? full : nb;
+  if constexpr (states_runs<std::remove_cv_t<Source>>::value) {
+    return src.full_run_end(b, nb);
+  } else {
+    std::size_t end = b + 1;
+    for (; end < nb; ++end) {
+      const BlockSource<T> t = src(end);
+      if (t.valid != F::block || t.ptr != s0.ptr + (end - b) * F::block) break;
+    }
+    return end;
   }
-  std::size_t end = b + 1;
-  for (; end < nb; ++end) {
-    const BlockSource<T> t = src(end);
-    if (t.valid != F::block || t.ptr != s0.ptr + (end - b) * F::block) break;
-  }
-  return end;
 }
 
 //! Message absmax over finite values, for formats with a per-message scale. Simd: each run of
