@@ -343,18 +343,14 @@ struct LayoutSource {
                                         rotated_count(layout.data_in(first + at, Block), rotation)};
   }
   //! The end (nb at most) of the run of full blocks from block b, which is full (the quantizers'
-  //! full_run_end): a flat layout's blocks are full up to numel, O(1); a group's are checked one
-  //! by one. A partial block that a rotation fills ends the run early, which costs nothing but a
-  //! shorter run.
+  //! full_run_end): the blocks inside the run of data from block b on (ShardLayout::data_in over
+  //! the rest of the message: up to numel, or to the end of block b's tensor's data). O(1) flat,
+  //! O(log tensors) grouped. A run that goes on into the next tensor (no padding between), or a
+  //! partial block that a rotation fills, ends it early (at b itself for the latter), which costs
+  //! nothing but a shorter run.
   std::size_t full_run_end(std::size_t b, std::size_t nb) const {
-    std::size_t end = b + 1;
-    if (!layout.grouped()) {
-      const std::size_t at = first + b * Block;  // below numel, as block b is full
-      end = b + (layout.numel() - at) / Block;
-    } else {
-      while (end < nb && rotated_count(layout.data_in(first + end * Block, Block), rotation) == Block) ++end;
-    }
-    return end < nb ? end : nb;
+    const std::size_t data = layout.data_in(first + b * Block, (nb - b) * Block);
+    return b + data / Block;  // data <= (nb - b) * Block
   }
 };
 

@@ -153,9 +153,10 @@ struct ArraySource {
   }
 };
 
-//! Whether a Source states its runs of full blocks itself: a member full_run_end(b, nb), the end
-//! (nb at most) of a run of full blocks from block b (full), each starting Block elements after
-//! the one before; it may stop before the last such block, never after.
+//! Whether a Source states its runs of full blocks itself: a member full_run_end(b, nb), for a full
+//! block b, an end in [b, nb] such that the blocks [b, end) are full and each starts Block elements
+//! after the one before. It may stop early (at b itself, even), never late; the callers take the
+//! blocks it leaves out one by one.
 template <class S, class = void>
 struct states_runs : std::false_type {};
 template <class S>
@@ -166,7 +167,8 @@ struct states_runs<S,
 //! The end of the run of full blocks from block b (whose source is s0 = src(b)) that follow each
 //! other in memory: the first block after b that is not full or does not start at s0.ptr + (end -
 //! b) * F::block (nb at most); b itself if s0 is not full. A Source that states its runs answers
-//! (states_runs; it may answer with a shorter run); others are scanned: O(run length) calls of src.
+//! (states_runs; it may answer with a shorter run, b itself even); others are scanned: O(run
+//! length) calls of src.
 template <class F, class T, class Source>
 inline std::size_t full_run_end(Source& src, std::size_t b, std::size_t nb, const BlockSource<T>& s0) {
   if (s0.valid != F::block) return b;

@@ -52,9 +52,10 @@ QCOLL_HOST_DEVICE std::size_t count_at_most(const std::size_t* v, std::size_t n,
 }
 }  // namespace detail
 
-//! Elements of data at the start of [offset, offset + count), a range that lies inside one
-//! tensor's slot (a block of a layout whose granule is a multiple of the block): its tensor's
-//! data elements from `offset` on, at most `count`. O(log slots) (binary search).
+//! Elements of data at the start of [offset, offset + count): the data elements of offset's tensor
+//! from `offset` on, at most `count` (a range inside one tensor's slot, such as a block of a layout
+//! whose granule is a multiple of the block, gets exactly its data; a longer one, the data up to
+//! the end of offset's tensor). O(log slots) (binary search).
 QCOLL_HOST_DEVICE std::size_t data_in_slots(const SlotTable& t, std::size_t offset, std::size_t count) {
   // The last tensor whose slot starts at or before offset (empty tensors sharing that start come
   // before the one that holds data, so the last is the right one).
@@ -151,9 +152,10 @@ class ShardLayout {
     return SlotTable{group_->slot_start.data(), group_->data_end.data(), group_->slot_start.size()};
   }
 
-  //! Elements of data at the start of [offset, offset + count), a range inside one block of a
-  //! format whose block divides granule() (so inside one tensor's slot). Flat: those below
-  //! numel(). O(1) flat, O(log tensors) grouped.
+  //! Elements of data at the start of [offset, offset + count): for a range inside one block of a
+  //! format whose block divides granule() (so inside one tensor's slot), its data; for a longer
+  //! range, the run of data from offset on (up to the end of offset's tensor's data, grouped).
+  //! Flat: those below numel(). O(1) flat, O(log tensors) grouped.
   std::size_t data_in(std::size_t offset, std::size_t count) const noexcept {
     return group_ ? data_in_slots(slots(), offset, count) : valid_elements_in(numel_, offset, count);
   }
