@@ -225,11 +225,11 @@ class CudaLocalRunShared {
   //! events (direct calls), so they must outlive the rank's own transport. Set-up only.
   cudaEvent_t create_event() {
     std::lock_guard<std::mutex> lk(mu_);
-    events_.reserve(events_.size() + 1);  // so that the push_back below cannot throw
-    cudaEvent_t e = nullptr;
-    QCOLL_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-    events_.push_back(e);
-    return e;
+    events_.push_back(nullptr);  // if this throws, nothing was created yet
+    const cudaError_t err = cudaEventCreateWithFlags(&events_.back(), cudaEventDisableTiming);
+    if (err != cudaSuccess) events_.pop_back();
+    QCOLL_CUDA_CHECK(err);
+    return events_.back();
   }
 
   //! Waits for the device (a protocol kernel may still run on a stream the user gave), then frees
@@ -451,8 +451,8 @@ class CudaLocalTransport {
 
   //! Enqueues this rank's copies on `stream`: block r of `recv` from rank r's send buffer (op 1),
   //! or from block rank() of it (op 2); by cudaMemcpyAsync, or by cuda_local_copy_kernel when
-  //! `by_kernel` (captured calls). Returns the first failure instead of throwing, so that the
-  //! caller still completes its share of the protocol.
+  //! `by_kernel` (captured calls of several ranks). Returns the first failure instead of throwing, so that
+  //! the caller still completes its share of the protocol.
   std::exception_ptr enqueue_copies(int op, void* recv, std::size_t bytes, bool in_place, bool by_kernel,
                                     cudaStream_t stream) {
     try {
@@ -477,6 +477,14 @@ class CudaLocalTransport {
       return std::current_exception();
     }
     return nullptr;
+  }
+
+  //! Makes `stream` wait for event `which` (ready or done) of every peer, as this call's host
+  //! exchange gave them.
+  void wait_for_peers(cudaEvent_t detail::CudaLocalCall::*which, cudaStream_t stream) {
+    for (int r = 0; r < size(); ++r)
+      if (r != rank())
+        QCOLL_CUDA_CHECK(cudaStreamWaitEvent(stream, calls_[static_cast<std::size_t>(r)].*which, 0));
   }
 
   //! The protocol described at the top of this file. op 1: all_gather, 2: all_to_all.
@@ -510,42 +518,31 @@ class CudaLocalTransport {
       throw Error(os.str());  // every rank sees the same descriptions, so all throw here
     }
 
-    // From here on every rank of the group enqueues its share. Ranks agree on `bytes`, so they
-    // all skip the protocol together when there is nothing to move; with one rank there is no
-    // peer to order against.
-    if (bytes > 0 && n > 1) {
-      std::exception_ptr failure;
-      if (mine.captured) {
-        // If this launch fails the peers' arrive kernels time out (the device is in trouble anyway).
-        launch_phase(detail::CudaLocalPhase::arrive, stream);
-        // A failure to enqueue a copy is rethrown only after depart is enqueued, so that the
-        // peers' kernels of this epoch complete.
-        failure = enqueue_copies(op, recv, bytes, in_place, true, stream);
-        try {
-          launch_phase(detail::CudaLocalPhase::depart, stream);
-        } catch (...) {
-          if (!failure) failure = std::current_exception();
-        }
-      } else {
-        for (int r = 0; r < n; ++r)
-          if (r != me)
-            QCOLL_CUDA_CHECK(cudaStreamWaitEvent(stream, calls_[static_cast<std::size_t>(r)].ready, 0));
-        failure = enqueue_copies(op, recv, bytes, in_place, false, stream);
-        try {
-          QCOLL_CUDA_CHECK(cudaEventRecord(mine.done, stream));
-        } catch (...) {
-          if (!failure) failure = std::current_exception();
-        }
+    // From here on every rank of the group enqueues its share. Ranks agree on `bytes` and on being
+    // captured, so they all skip the protocol together when there is nothing to move; with one
+    // rank there is no peer to order against.
+    if (bytes > 0) {
+      const bool sync = n > 1;
+      const bool graph = sync && mine.captured != 0;  // the counter protocol, copies by kernel
+      const bool events = sync && !graph;             // the event protocol
+      // If this launch fails the peers' arrive kernels time out (the device is in trouble anyway).
+      if (graph) launch_phase(detail::CudaLocalPhase::arrive, stream);
+      if (events) wait_for_peers(&detail::CudaLocalCall::ready, stream);
+      // A failure to enqueue a copy is rethrown only once this rank's share of the protocol is
+      // enqueued, so that its peers complete the call.
+      std::exception_ptr failure = enqueue_copies(op, recv, bytes, in_place, graph, stream);
+      try {
+        if (graph) launch_phase(detail::CudaLocalPhase::depart, stream);
+        if (events) QCOLL_CUDA_CHECK(cudaEventRecord(mine.done, stream));
+      } catch (...) {
+        if (!failure) failure = std::current_exception();
+      }
+      if (events) {
         // Every rank has recorded its `done` (and will not record it again before the next
         // call's host exchange, which this rank joins only after waiting on it).
         host_->barrier();
-        for (int r = 0; r < n; ++r)
-          if (r != me)
-            QCOLL_CUDA_CHECK(cudaStreamWaitEvent(stream, calls_[static_cast<std::size_t>(r)].done, 0));
+        wait_for_peers(&detail::CudaLocalCall::done, stream);
       }
-      if (failure) std::rethrow_exception(failure);
-    } else if (bytes > 0) {
-      std::exception_ptr failure = enqueue_copies(op, recv, bytes, in_place, mine.captured != 0, stream);
       if (failure) std::rethrow_exception(failure);
     }
     detail::count_exchange(counters_, intra_peers_, inter_peers_, bytes);
