@@ -1,7 +1,7 @@
 // Host quantizer throughput: quantize and dequantize of every block format and input type, in
 // GB/s of bytes read + written and G elements/s, next to a memcpy of the input measured in the
 // same run (interleaved: memcpy, quantize, memcpy, dequantize, dequantize-accumulate per
-// repetition). Buffers are far
+// repetition; a format's rows of every input type one after the other). Buffers are far
 // larger than the last-level cache. After timing, results are checked against a scalar
 // re-computation from the format's per-element functions (sampled blocks) and, where it holds,
 // against quantize(dequantize(message)) == message. Exit status: 0, or 1 if a check failed, or 2
@@ -517,15 +517,18 @@ int main(int argc, char** argv) {
     std::vector<std::size_t> counts;
     std::size_t max_in = 0, max_msg = 0, max_n = 0;
     const std::size_t memory = bench::physical_memory();
-    // The buffers' bytes for counts: input, copy and output, two messages, fp32 accumulators.
+    // The buffers' bytes for counts: an input per type, copy and output, two messages, fp32
+    // accumulators.
+    std::size_t sum_in = 0;
     const auto size_buffers = [&] {
-      max_in = max_msg = max_n = 0;
+      max_in = max_msg = max_n = sum_in = 0;
       for (std::size_t ti = 0; ti < o.types.size(); ++ti) {
         max_in = std::max(max_in, counts[ti] * dtype_size(o.types[ti]));
+        sum_in += counts[ti] * dtype_size(o.types[ti]);
         max_msg = std::max(max_msg, max_packed(o, counts[ti]));
         max_n = std::max(max_n, counts[ti]);
       }
-      return 3 * max_in + 2 * max_msg + max_n * sizeof(float);
+      return sum_in + 2 * max_in + 2 * max_msg + max_n * sizeof(float);
     };
     for (DType t : o.types) {
       std::size_t n = o.elements;
@@ -562,7 +565,15 @@ int main(int argc, char** argv) {
                      dtype_name(o.types[ti]), bench::format_bytes(static_cast<double>(bytes)).c_str());
     }
     Buffers buf;
-    buf.in.resize(max_in);
+    // One input per type, filled once (also the first touch of its pages): a format's rows of
+    // every type run one after the other, so that the comparisons between types (elements per
+    // second of 16-bit input against fp32 input) are of runs seconds apart, not minutes.
+    std::vector<bench::Buffer> inputs(o.types.size());
+    for (std::size_t ti = 0; ti < o.types.size(); ++ti) {
+      buf.in.resize(counts[ti] * dtype_size(o.types[ti]));
+      fill_any(o.types[ti], buf, counts[ti]);
+      std::swap(buf.in, inputs[ti]);
+    }
     buf.copy.resize(max_in);
     buf.out.resize(max_in);
     buf.msg.resize(max_msg);
@@ -580,23 +591,24 @@ int main(int argc, char** argv) {
                       bench::format_bytes(static_cast<double>(counts[ti] * dtype_size(o.types[ti]))).c_str());
     }
     table.note(per_type);
-    table.note(bench::strf("buffers: input %s, copy %s, output %s, message 2 x %s, accumulator %s",
-                           bench::format_bytes(static_cast<double>(max_in)).c_str(),
+    table.note(bench::strf("buffers: inputs %s, copy %s, output %s, message 2 x %s, accumulator %s",
+                           bench::format_bytes(static_cast<double>(sum_in)).c_str(),
                            bench::format_bytes(static_cast<double>(max_in)).c_str(),
                            bench::format_bytes(static_cast<double>(max_in)).c_str(),
                            bench::format_bytes(static_cast<double>(max_msg)).c_str(),
                            bench::format_bytes(static_cast<double>(max_n * sizeof(float))).c_str()));
     table.header();
 
-    for (std::size_t ti = 0; ti < o.types.size(); ++ti) {
-      const DType t = o.types[ti];
-      const std::size_t n = counts[ti];
-      fill_any(t, buf, n);  // also the first touch of the input pages
-      for (FormatId id : o.formats) {
-        std::vector<std::size_t> blocks = o.blocks;
-        if (fixed_block(id)) blocks.assign(1, 0);
-        for (std::size_t b : blocks) {
+    for (FormatId id : o.formats) {
+      std::vector<std::size_t> blocks = o.blocks;
+      if (fixed_block(id)) blocks.assign(1, 0);
+      for (std::size_t b : blocks) {
+        for (std::size_t ti = 0; ti < o.types.size(); ++ti) {
+          const DType t = o.types[ti];
+          const std::size_t n = counts[ti];
+          std::swap(buf.in, inputs[ti]);
           const Result r = run_any(t, id, b, buf, n, o);
+          std::swap(buf.in, inputs[ti]);
           results.push_back(r);
           const double copy_gbs = 2.0 * static_cast<double>(r.in_bytes) / r.t_copy * 1e-9;
           const double moved = static_cast<double>(r.in_bytes + r.msg_bytes);

@@ -12,9 +12,11 @@
 //! near a rounding boundary (they decode by FMA where that rounds as the double sum does, on
 //! processors with FMA). Decoding unpacks codes straight into 32-bit lanes (8- and 6-bit minifloat
 //! codes into fp16 words, which the fp16 conversion widens exactly), looks the other minifloat
-//! codes up in a table of their values (a permutation for 4-bit codes, a gather otherwise), runs
-//! the common kinds of block (FP8 with a moderate fp32 scale, NVFP4 with a moderate message scale,
-//! MX with exact products) in loops of their own, and writes 16 values at a time, non-temporally
+//! codes up in a table of their values (a permutation for 4-bit codes, a gather otherwise), takes
+//! 16-bit outputs of 4-bit codes from byte tables of the block's sixteen outputs (pshufb; NVFP4:
+//! of each of its 256 block scales, once per message), runs the common kinds of block (FP8 with a
+//! moderate fp32 scale, NVFP4 with a moderate message scale, MX with exact products) in loops of
+//! their own, and writes 16 values at a time, non-temporally
 //! for large outputs, rounding 16-bit outputs without the NaN fix-up where no value can be NaN. The
 //! identity formats (unquantized f32, bf16, f16) have conversion loops of their own. Every vector
 //! step is the IEEE operation (or integer bit manipulation) that the format's scalar function
