@@ -418,36 +418,44 @@ TEST_CASE_TEMPLATE("MX blocks scaled down past the smallest normal float quantiz
   check_mx_tiny_scaled_values<F, bfloat16>();
 }
 
-// MX kernels compute FP8 codes of bfloat16 input on the 16-bit patterns where the block allows it
-// and fall back per block: blocks of random bfloat16 patterns whose exponents span 34 below the
-// absmax (scaled values in the elements' subnormal range and the range that rounds to zero), absmax
-// exponents from -133 (subnormal blocks, and normal ones scaled up by 2^120 and more) to 127,
-// absmax fractions that saturate, seven fraction bits that hit every rounding tie, and signed zeros.
+// MX kernels compute FP8 codes of bfloat16 and half input on the 16-bit patterns where the block
+// allows it and fall back per block: blocks of random patterns whose exponents span 34 below the
+// absmax (scaled values in the elements' subnormal range and the range that rounds to zero;
+// half: subnormal and zero inputs too), absmax exponents over the whole range and past it (bfloat16
+// and fp32: from -133, subnormal blocks and normal ones scaled up by 2^120 and more, to 127; half:
+// from -26, blocks of subnormals and zeros, to 16, which overflows to Inf), absmax fractions that
+// saturate, fraction bits that hit every rounding tie, and signed zeros.
 template <class F, class T>
 void check_mx_random_patterns() {
+  constexpr bool is_half = std::is_same<T, half>::value;
+  constexpr int fraction_bits = is_half ? 10 : 7;
+  constexpr unsigned fractions = 1u << fraction_bits;
   std::mt19937_64 g(13);
   const std::size_t nb = 9;
   for (int trial = 0; trial < 64; ++trial) {
     std::vector<T> x(nb * F::block);
     for (std::size_t b = 0; b < nb; ++b) {
-      const int top = static_cast<int>(g() % 261) - 133;  // the absmax exponent
+      // the absmax exponent
+      const int top = is_half ? static_cast<int>(g() % 43) - 26 : static_cast<int>(g() % 261) - 133;
       T* blk = x.data() + b * F::block;
       for (std::size_t i = 0; i < F::block; ++i) {
         const float sign = g() % 2 ? -1.0f : 1.0f;
-        const float frac = 1.0f + static_cast<float>(g() % 128) / 128.0f;
+        const float frac = 1.0f + static_cast<float>(g() % fractions) / static_cast<float>(fractions);
         const float v = i % 8 == 7 ? 0.0f : std::ldexp(frac, top - static_cast<int>(g() % 35));
         blk[i] = from_float<T>(sign * v);
       }
-      blk[(7 * b) % F::block] = from_float<T>(std::ldexp(1.0f + static_cast<float>(g() % 128) / 128.0f, top));
+      blk[(7 * b) % F::block] = from_float<T>(
+          std::ldexp(1.0f + static_cast<float>(g() % fractions) / static_cast<float>(fractions), top));
     }
     CAPTURE(trial);
     CHECK(quantizes_like_portable<F>(x));
   }
 }
 
-TEST_CASE_TEMPLATE("MX blocks of random bfloat16 patterns quantize like the portable loops", F, MxFp8E4M3,
-                   MxFp8E5M2, MxFp6E2M3, MxFp4, MxInt8) {
+TEST_CASE_TEMPLATE("MX blocks of random bfloat16 and half patterns quantize like the portable loops", F,
+                   MxFp8E4M3, MxFp8E5M2, MxFp6E2M3, MxFp4, MxInt8) {
   check_mx_random_patterns<F, bfloat16>();
+  check_mx_random_patterns<F, half>();
   check_mx_random_patterns<F, float>();
 }
 

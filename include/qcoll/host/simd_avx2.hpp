@@ -6,7 +6,7 @@
 //! Quantizing runs over groups of up to eight full blocks: their absmax is reduced in vector
 //! registers (one lane per block after a transposing max tree), their metas are computed lane by
 //! lane, and each block (still in L1) is encoded eight elements at a time and packed to 8, 6 or 4
-//! bits in registers (MXFP8 of bfloat16 input: sixteen at a time, on the 16-bit patterns); the
+//! bits in registers (MXFP8 of bfloat16 and fp16 input: sixteen at a time, on the 16-bit patterns); the
 //! asymmetric formats reduce their order keys the same way, compute make_meta in double lanes (one
 //! per block) and encode from a float estimate, with the double arithmetic where the estimate is
 //! near a rounding boundary (they decode by FMA where that rounds as the double sum does, on
@@ -1007,30 +1007,38 @@ QCOLL_AVX2_INLINE i8x32 codes32(const typename C::Enc& e0, const typename C::Enc
   }
 }
 
-//! Whether encode_group computes F's codes of T input on the 16-bit patterns (MxBf16): MX formats
-//! with 8-bit minifloat elements, bfloat16 input.
+//! Whether encode_group computes F's codes of T input on the 16-bit patterns (Mx16): MX formats
+//! with 8-bit minifloat elements, bfloat16 or half input.
 template <class F, class T>
-struct mx_bf16 : std::false_type {};
+struct mx_16 : std::false_type {};
 template <class E>
-struct mx_bf16<MxFloat<E>, bfloat16> : std::bool_constant<E::bits == 8> {};
+struct mx_16<MxFloat<E>, bfloat16> : std::bool_constant<E::bits == 8> {};
+template <class E>
+struct mx_16<MxFloat<E>, half> : std::bool_constant<E::bits == 8> {};
 
-//! The codes of MxFloat<E> (8-bit elements) of bfloat16 input, computed on the 16-bit patterns:
-//! sixteen lanes per operation where codes32 widens to eight. The constants live in registers,
-//! built once before a loop (an empty asm statement per vector keeps the compiler from re-creating
-//! them in every iteration, as it otherwise does).
-template <class E>
-struct MxBf16 {
+//! The codes of MxFloat<E> (8-bit elements) of T = bfloat16 or half input, computed on the 16-bit
+//! patterns: sixteen lanes per operation where codes32 widens to eight. The constants live in
+//! registers, built once before a loop (an empty asm statement per vector keeps the compiler from
+//! re-creating them in every iteration, as it otherwise does).
+template <class E, class T>
+struct Mx16 {
   using Fa = minifloat::detail::Facts<E>;
-  static constexpr int drop = 7 - E::mbits;
-  //! A normal magnitude 2^e * 1.f as a bfloat16 pattern less k is ((e + bias) << 7) | f: E's code
-  //! with seven fraction bits, which a rounded shift by `drop` makes the code. k is a multiple of
+  static constexpr bool is_half = std::is_same<T, half>::value;
+  static constexpr int mbits = is_half ? 10 : 7;   //!< T's fraction bits
+  static constexpr int bias = is_half ? 15 : 127;  //!< T's exponent bias
+  static constexpr int drop = mbits - E::mbits;
+  //! A normal magnitude 2^e * 1.f as a T pattern less k is ((e + E::bias) << mbits) | f: E's code
+  //! with mbits fraction bits, which a rounded shift by `drop` makes the code. k is a multiple of
   //! 2^drop, so the parity bit of the shift is unchanged.
-  static constexpr int k = (127 - E::bias) << 7;
+  static constexpr int k = (bias - E::bias) << mbits;
+  //! The pattern of E's largest value written with T's fraction bits and exponent bias.
+  static constexpr int max_pattern = static_cast<int>(((Fa::max_bits >> 23) - 127 + bias) << mbits) |
+                                     static_cast<int>((Fa::max_bits >> (23 - mbits)) & ((1u << mbits) - 1));
   i16x16 top, normal, half_step, one, half_less;
-  QCOLL_AVX2_INLINE MxBf16() {
-    top = i16x16{} + static_cast<short>((Fa::max_bits >> 16) - k);            // max_normal
-    normal = i16x16{} + static_cast<short>((Fa::min_normal_bits >> 16) - k);  // 2^emin
-    half_step = i16x16{} + static_cast<short>(((127 + Fa::emin - E::mbits - 1) << 7) - k);
+  QCOLL_AVX2_INLINE Mx16() {
+    top = i16x16{} + static_cast<short>(max_pattern - k);                         // max_normal
+    normal = i16x16{} + static_cast<short>((Fa::emin + E::bias) * (1 << mbits));  // 2^emin
+    half_step = i16x16{} + static_cast<short>((bias + Fa::emin - E::mbits - 1) * (1 << mbits) - k);
     one = i16x16{} + 1;
     half_less = i16x16{} + static_cast<short>((1 << (drop - 1)) - 1);
     __asm__("" : "+x"(top), "+x"(normal), "+x"(half_step), "+x"(one), "+x"(half_less));
@@ -1047,25 +1055,47 @@ struct MxBf16 {
     sub = (normal > s) & (s > half_step);
     return (s + (((s >> drop) & one) + half_less)) >> drop;
   }
+  //! The magnitudes of sixteen patterns x scaled by 2^n (shift = n << mbits, less k) as code()
+  //! takes them, and in `odd` the lanes code() cannot serve. bfloat16: |x|'s pattern plus shift.
+  //! half: the same for normal x; zeros become -2^15 (code 0, not below half_step), and nonzero
+  //! subnormals (no implicit bit: their pattern plus shift does not read as x * 2^n) are odd.
+  QCOLL_AVX2_INLINE i16x16 scaled(i16x16 x, short shift, i16x16& odd) const {
+    const i16x16 t = x & 0x7fff;
+    const i16x16 s = t + shift;
+    if constexpr (is_half) {
+      const i16x16 low = (short)0x400 > t;  // zero or subnormal
+      odd = low & (t != 0);
+      return (s & ~low) | (low & (short)0x8000);
+    } else {
+      odd = i16x16{};
+      return s;
+    }
+  }
   //! The codes of the 32 elements p[0, 32) of a block whose encode factor is 2^n, as codes32
-  //! computes them, in element order. x * 2^n is exact in fp32 wherever it is normal, and then it
-  //! is a bfloat16 value whose pattern is |x|'s plus n << 7. Magnitudes below 2^emin (exponents
-  //! that the addition took below zero included, as negative lanes) give code 0: right up to half
-  //! the smallest subnormal step (the tie rounds to the even 0), and for the magnitudes under
-  //! 2^-126 that codes32 scales to a subnormal fp32 (also code 0). Returns false (out
-  //! unspecified) when some magnitude lies above that half step and below 2^emin: a subnormal
-  //! code, which the caller computes with codes32; also when n > 126 + emin, where a subnormal
-  //! bfloat16 x (whose pattern plus n << 7 reads as more than x * 2^n, but below 2^(n - 125))
-  //! could reach 2^emin. The sign bit is x's (the
-  //! factor is positive), taken by a saturating pack of the patterns. O(1), about 30 operations.
-  QCOLL_AVX2_INLINE bool codes32(const bfloat16* p, int n, i8x32& out) const {
-    if (n > 126 + Fa::emin) return false;
-    const short shift = static_cast<short>(n * 128 - k);  // n << 7 (n may be negative)
-    i16x16 x0, x1, sub0, sub1;
+  //! computes them, in element order. x * 2^n is exact in fp32 wherever it is normal, and for a
+  //! normal x its pattern less k is |x|'s plus (n << mbits) - k, read with E's exponent bias (in
+  //! range: the block's absmax times 2^n is below 2^(emax + 1), so no sum of normal lanes
+  //! overflows 16 bits). Magnitudes below 2^emin (exponents that the addition took below zero
+  //! included, as negative lanes) give code 0: right up to half the smallest subnormal step (the
+  //! tie rounds to the even 0), and for the magnitudes under 2^-126 that codes32 scales to a
+  //! subnormal fp32 (also code 0). Returns false (out unspecified) when some magnitude lies above
+  //! that half step and below 2^emin: a subnormal code, which the caller computes with codes32;
+  //! bfloat16: also when n > 126 + emin, where a subnormal bfloat16 x (whose pattern plus n << 7
+  //! reads as more than x * 2^n, but below 2^(n - 125)) could reach 2^emin; half: when a nonzero
+  //! subnormal x is in the block (scaled), or the shift does not fit in 16 bits (a block of zeros
+  //! and subnormals, which have none of the normal lanes that bound it). The sign bit is x's (the
+  //! factor is positive), taken by a saturating pack of the patterns. O(1), about 30 operations
+  //! (half: 40).
+  QCOLL_AVX2_INLINE bool codes32(const T* p, int n, i8x32& out) const {
+    if (!is_half && n > 126 + Fa::emin) return false;
+    const int sh = n * (1 << mbits) - k;  // n << mbits (n may be negative)
+    if (sh < -32768 || sh > 32767) return false;
+    const short shift = static_cast<short>(sh);
+    i16x16 x0, x1, sub0, sub1, odd0, odd1;
     std::memcpy(&x0, p, sizeof x0);
     std::memcpy(&x1, p + 16, sizeof x1);
-    const i16x16 c0 = code((x0 & 0x7fff) + shift, sub0), c1 = code((x1 & 0x7fff) + shift, sub1);
-    const i64x4 sub = (i64x4)(sub0 | sub1);
+    const i16x16 c0 = code(scaled(x0, shift, odd0), sub0), c1 = code(scaled(x1, shift, odd1), sub1);
+    const i64x4 sub = (i64x4)(sub0 | sub1 | odd0 | odd1);
     if (!__builtin_ia32_ptestz256(sub, sub)) return false;
     const i8x32 mag = __builtin_ia32_packuswb256(c0, c1);
     const i8x32 sign = sign_bytes(x0, x1) & (char)0x80;
@@ -1090,13 +1120,13 @@ QCOLL_AVX2_INLINE void encode_group(const T* const* x, std::size_t count, const 
   using Enc = typename C::Enc;
   constexpr std::size_t code_bytes = F::block * F::code_bits / 8;
   constexpr bool clamp = !(One && C::exact_scale) || group_blocks<F>() == 1;
-  if constexpr (mx_bf16<F, T>::value) {
-    // 16-bit patterns (MxBf16) where they serve, in a loop of its own; then codes32 for
+  if constexpr (mx_16<F, T>::value) {
+    // 16-bit patterns (Mx16) where they serve, in a loop of its own; then codes32 for
     // the blocks they do not
     using E = typename C::Element;
     static_assert(F::block == 32, "one block per 32 codes");
     unsigned wide = 0;
-    const MxBf16<E> narrow;
+    const Mx16<E, T> narrow;
     for (std::size_t k = 0; k < count; ++k) {
       prefetch_next<F>(x[k], ahead);
       // the factor 2^n (n in [-127, 127]; 2^-127 has exponent field 0, which gives -127 too)
