@@ -521,6 +521,46 @@ TEST_CASE_TEMPLATE("decoders equal the reference on arbitrary codes and scales",
   }
 }
 
+// FP8 decoders check blocks of up to 128 elements eight at a time (scales and codes) before
+// decoding them with no test of their own: runs of finite blocks with normal scales, broken by a
+// block holding one NaN code, one holding an Inf (E5M2) or NaN code, and one with a zero scale, at
+// different places in their runs, must still decode as the reference does.
+namespace {
+template <class F>
+struct fp8_element;
+template <class E, std::size_t B>
+struct fp8_element<Fp8Scaled<E, B>> {
+  using type = E;
+};
+}  // namespace
+
+TEST_CASE_TEMPLATE("FP8 decoders equal the reference when a run of normal blocks holds a non-finite code", F,
+                   Fp8E4M3<32>, Fp8E5M2<32>, Fp8E4M3<128>) {
+  using L = MessageLayout<F>;
+  using E = typename fp8_element<F>::type;
+  const std::size_t nb = 40, n = nb * F::block;
+  std::vector<unsigned char> msg(packed_bytes<F>(n), 0);
+  const MessageHeader h = make_header<F>(n);
+  std::memcpy(msg.data(), &h, sizeof h);
+  std::mt19937 g(21);
+  for (std::size_t b = 0; b < nb; ++b) {
+    const float scale = b == 33 ? 0.0f : 0.3f * (1.0f + static_cast<float>(b) / 64.0f);
+    detail::store_f32(msg.data() + L::metas_offset(n) + b * F::meta_bytes, scale);
+    for (std::size_t e = 0; e < F::block; ++e) {
+      // finite codes of either sign
+      std::uint32_t c = g() % (E::max_code + 1u);
+      if (g() % 2) c |= 0x80u;
+      if (b == 11 && e == 5) c = 0xffu;                                  // NaN (E4M3 and E5M2)
+      if (b == 26 && e == F::block - 1) c = E::has_inf ? 0x7cu : 0x7fu;  // +Inf (E5M2), NaN (E4M3)
+      ref_put_code<F>(msg.data() + L::codes_offset + b * L::block_code_bytes, e, c);
+    }
+  }
+  const std::size_t bad = arbitrary_message_mismatches<F, float>(msg, n) +
+                          arbitrary_message_mismatches<F, bfloat16>(msg, n) +
+                          arbitrary_message_mismatches<F, half>(msg, n);
+  CHECK(bad == 0u);
+}
+
 // The asymmetric integers decode by one float FMA per element where the double sum of F::decode
 // is exact (the offset's and the scale's last bits at most 28 binades apart one way and 20 the
 // other), by the double arithmetic elsewhere. Metas on both sides of those bounds, zero,

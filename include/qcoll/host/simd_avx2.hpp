@@ -1662,14 +1662,30 @@ QCOLL_AVX2_INLINE bool fp8_finite_codes(const unsigned char* c, std::size_t n) {
   return __builtin_ia32_ptestz256((i64x4)any, (i64x4)any);
 }
 
+//! The codes c[0, F::block) of a block of FP8 F decoded as decode_fp8_blocks does, with s the
+//! scale (E4M3: times 2^8), to o by sink; prefetches `ahead` bytes past the codes.
+template <class F, Sink S, class V>
+QCOLL_AVX2_INLINE void decode_fp8_block(const unsigned char* c, float s, V* o, std::size_t ahead) {
+  using E = typename Codec<F>::Element;
+  QCOLL_UNROLL_BLOCK
+  for (std::size_t j = 0; j < F::block; j += 16) {
+    __builtin_prefetch(c + j + ahead);  // the hardware prefetchers alone fall behind
+    f32x8 v0, v1;
+    fp8_as_half<E, false, true>(c + j, v0, v1);
+    emit<S, true>(o + j, v0 * s, v1 * s);
+  }
+}
+
 //! decode_codes<F, S, true> for FP8 with an fp32 block scale, over blocks k, k + 1, ... while
 //! their scale `a` passes fp8_direct and their codes are finite (fp8_finite_codes; one loop, so
 //! its constants stay in registers): codes converted as fp16 (fp8_as_half), times the scale
 //! (E4M3: times 2^8 * a, the same real product, so the same rounding). Neither NaN nor ±Inf
 //! arises (|code value| <= 57344, |a| < 2^100), so scale_value's saturation never applies and
-//! nothing is written NaN. Returns the first block not decoded (count when all are); a block
-//! holding NaN or Inf codes (which no quantizer writes from finite input) takes decode_codes.
-//! O(blocks decoded * F::block).
+//! nothing is written NaN. Blocks of up to 128 elements are checked eight at a time (their
+//! scales as one vector, their codes in one pass), then decoded with no test of their own; the
+//! rest (and a run that fails its check) one at a time. Returns the first block not decoded
+//! (count when all are); a block holding NaN or Inf codes (which no quantizer writes from finite
+//! input) takes decode_codes. O(blocks decoded * F::block).
 template <class F, Sink S, class V>
 QCOLL_AVX2_INLINE std::size_t decode_fp8_blocks(const unsigned char* codes, const unsigned char* meta,
                                                 float message_scale, V* out, std::size_t k,
@@ -1679,19 +1695,27 @@ QCOLL_AVX2_INLINE std::size_t decode_fp8_blocks(const unsigned char* codes, cons
   // Prefetch distance: 1 KiB past the codes decoded, and from block 1024 on past the next block,
   // which fp8_finite_codes reads before it is decoded (at block 2048, 1.09-1.31x from memory).
   constexpr std::size_t ahead = F::block >= 1024 ? F::block + 1024 : 1024;
+  if constexpr (F::block <= 128) {
+    static_assert(F::meta_bytes == 4, "an fp32 block scale per block (F::load_meta reads store_f32's bytes)");
+    for (; k + 8 <= count; k += 8) {
+      f32x8 a;  // the scales of blocks k to k + 7 (little-endian fp32, as store_f32 writes them)
+      std::memcpy(&a, meta + k * 4, sizeof a);
+      const f32x8 m = (f32x8)((i32x8)a & 0x7fffffff);  // fp8_direct per lane
+      const unsigned direct =
+          static_cast<unsigned>(__builtin_ia32_movmskps256((f32x8)((m > 0.0f) & (m < small_scale))));
+      const unsigned char* c = codes + k * code_bytes;
+      if (direct != 0xffu || !fp8_finite_codes<E>(c, 8 * F::block)) break;
+      const f32x8 s = E::ebits == 4 ? a * 256.0f : a;
+      QCOLL_UNROLL
+      for (std::size_t b = 0; b < 8; ++b)
+        decode_fp8_block<F, S>(c + b * code_bytes, s[b], out + (k + b) * F::block, ahead);
+    }
+  }
   for (; k < count; ++k) {
     const float a = Codec<F>::dec(F::load_meta(meta + k * F::meta_bytes, message_scale)).a;
     const unsigned char* c = codes + k * code_bytes;
     if (!fp8_direct(a) || !fp8_finite_codes<E>(c, F::block)) break;
-    const float s = E::ebits == 4 ? a * 256.0f : a;
-    V* o = out + k * F::block;
-    QCOLL_UNROLL_BLOCK
-    for (std::size_t j = 0; j < F::block; j += 16) {
-      __builtin_prefetch(c + j + ahead);  // the hardware prefetchers alone fall behind
-      f32x8 v0, v1;
-      fp8_as_half<E, false, true>(c + j, v0, v1);
-      emit<S, true>(o + j, v0 * s, v1 * s);
-    }
+    decode_fp8_block<F, S>(c, E::ebits == 4 ? a * 256.0f : a, out + k * F::block, ahead);
   }
   return k;
 }
