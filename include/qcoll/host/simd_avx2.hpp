@@ -105,6 +105,15 @@ QCOLL_AVX2_INLINE i32x8 splat(int v) { return i32x8{} + v; }
 QCOLL_AVX2_INLINE f32x8 splat_f(float v) { return f32x8{v, v, v, v, v, v, v, v}; }
 QCOLL_AVX2_INLINE i32x8 vmax(i32x8 a, i32x8 b) { return a > b ? a : b; }
 QCOLL_AVX2_INLINE i32x8 vmin(i32x8 a, i32x8 b) { return a < b ? a : b; }
+//! The unsigned bytes of v, at most m (vpminub).
+QCOLL_AVX2_INLINE i8x32 min_u8(i8x32 v, unsigned char m) {
+  typedef unsigned char u8x32 __attribute__((vector_size(32)));
+#if defined(__clang__)
+  return (i8x32)__builtin_elementwise_min((u8x32)v, u8x32{} + m);
+#else
+  return __builtin_ia32_pminub256(v, (i8x32)(u8x32{} + m));
+#endif
+}
 //! The largest (Max) or smallest lane, in every lane.
 template <bool Max>
 QCOLL_AVX2_INLINE int reduce(i32x8 v) {
@@ -781,29 +790,30 @@ struct Codec<AsymmetricInt<B, K>> {
   static Dec dec(const typename F::Meta& m) { return {double(m.offset), double(m.scale)}; }
 
   //! The float estimate of Enc's double arithmetic, (x - offset) * inv in float, rounded to nearest
-  //! even and clamped: the code Enc gives wherever the estimate is further than 2^-13 from a
-  //! rounding boundary (k + 1/2). Against the double value y = (x - offset) * inv the estimate errs
-  //! by at most 3.01 * 2^-24 * |y| + 2^-48 (three float roundings, two double ones; a subnormal
-  //! difference errs by 2^-150 times inv <= 2^100): below 2^-13 while |y| <= 600, and beyond 600
-  //! both clamp to the same end (qmax <= 255). Scales outside [2^-100, 2^100] (0 included) take
-  //! Enc (fast = false).
+  //! even: the code Enc gives wherever the estimate is further than 2^-13 from a rounding boundary
+  //! (k + 1/2). Against the double value y = (x - offset) * inv the estimate errs by at most 3.01 *
+  //! 2^-24 * |y| + 2^-48 (three float roundings, two double ones; a subnormal difference errs by
+  //! 2^-150 times inv <= 2^100): below 2^-13 while |y| <= 600. The estimate of an element of the
+  //! block itself (lo <= x <= hi) lies in [0, qmax * (1 + 2^-21)], so its rounding is already in
+  //! [0, qmax]: no clamp is needed where the estimate is sure (bytes32's saturating packs and the
+  //! 4-bit caller's byte minimum keep the codes in range all the same). Scales outside [2^-100,
+  //! 2^100] (0 included) take Enc.
   struct Estimate {
     float offset, inv;
-    bool fast;
-    //! The codes of x; lanes whose estimate is within 2^-13 of a boundary (or NaN) set in unsure.
-    QCOLL_AVX2_INLINE i32x8 operator()(f32x8 x, i32x8& unsure) const {
+    //! The rounded estimates of x, and in `worst` the largest distance to the rounding so far, as
+    //! bits (a NaN estimate, from an overflowing x - offset, above every number's).
+    QCOLL_AVX2_INLINE i32x8 operator()(f32x8 x, i32x8& worst) const {
       const f32x8 y = (x - offset) * inv;
       const f32x8 r = __builtin_ia32_roundps256(y, 0x08);  // nearest even, no precision exception
-      const f32x8 d = (f32x8)((i32x8)(y - r) & 0x7fffffff);
-      unsure |= ~(d < 0.5f - 0x1p-13f);  // NaN (from an overflowing x - offset) is unsure
-      const f32x8 c = __builtin_ia32_minps256(__builtin_ia32_maxps256(r, f32x8{}), f32x8{} + float(F::qmax));
-      return __builtin_ia32_cvttps2dq256(c);
+      worst = vmax(worst, (i32x8)(y - r) & 0x7fffffff);
+      return __builtin_ia32_cvttps2dq256(r);
+    }
+    //! Whether some distance in `worst` is within 2^-13 of 1/2 (or NaN): then Enc decides.
+    static QCOLL_AVX2_INLINE bool unsure(i32x8 worst) {
+      const i32x8 near = worst > static_cast<int>(fp::bits(0.5f - 0x1p-13f)) - 1;
+      return !__builtin_ia32_ptestz256((i64x4)near, (i64x4)near);
     }
   };
-  static Estimate estimate(const typename F::Meta& m) {
-    const bool fast = m.scale >= 0x1p-100f && m.scale <= 0x1p100f;  // NaN fails
-    return {m.offset, static_cast<float>(m.inv), fast};
-  }
 
   //! Whether F::decode's double sum offset + code * scale, rounded to float, equals one float FMA
   //! (one rounding of the exact sum): when that sum fits in double's 53 bits, so that the double
@@ -1227,9 +1237,8 @@ QCOLL_AVX2 inline unsigned encode_full_blocks(const T* const* x, std::size_t cou
     std::memcpy(&hi, h, sizeof h);
   }
   // make_meta: scale = float((double(hi) - double(lo)) / qmax), inv = scale > 0 ? 1 / scale : 0
-  float scale[8], offset[8];
-  double inv[8];
-  std::memcpy(offset, &lo, sizeof offset);
+  f32x8 scale;
+  f64x4 inv_part[2];
   QCOLL_UNROLL
   for (int half4 = 0; half4 < 2; ++half4) {
     const f32x4 l4 =
@@ -1240,36 +1249,59 @@ QCOLL_AVX2 inline unsigned encode_full_blocks(const T* const* x, std::size_t cou
     const f32x4 sc = __builtin_convertvector(span / double(F::qmax), f32x4);
     const f64x4 sd = __builtin_convertvector(sc, f64x4);
     const i64x4 pos = sd > 0.0;
-    const f64x4 iv =
+    inv_part[half4] =
         (f64x4)((i64x4)(1.0 / (f64x4)(((i64x4)sd & pos) | ((i64x4)(f64x4{} + 1.0) & ~pos))) & pos);
-    std::memcpy(scale + 4 * half4, &sc, sizeof sc);
-    std::memcpy(inv + 4 * half4, &iv, sizeof iv);
+    const f32x8 sc8 = __builtin_shufflevector(sc, sc, 0, 1, 2, 3, 0, 1, 2, 3);
+    scale = half4 ? __builtin_shufflevector(scale, sc8, 0, 1, 2, 3, 8, 9, 10, 11) : sc8;
   }
-  typename F::Meta m[8];
+  // The metas (scale, offset = lo): all eight with two stores when the group is whole (the caller
+  // rewrites those of skipped blocks), else block by block.
+  if (count == 8) {
+    const f32x8 a = __builtin_shufflevector(scale, lo, 0, 8, 1, 9, 4, 12, 5, 13);    // blocks 0 1 | 4 5
+    const f32x8 c = __builtin_shufflevector(scale, lo, 2, 10, 3, 11, 6, 14, 7, 15);  // blocks 2 3 | 6 7
+    const f32x8 m03 = __builtin_shufflevector(a, c, 0, 1, 2, 3, 8, 9, 10, 11);
+    const f32x8 m47 = __builtin_shufflevector(a, c, 4, 5, 6, 7, 12, 13, 14, 15);
+    std::memcpy(meta, &m03, sizeof m03);
+    std::memcpy(meta + sizeof m03, &m47, sizeof m47);
+  } else {
+    for (std::size_t k = 0; k < count; ++k)
+      if (!(skipped & (1u << k)))
+        F::store_meta(typename F::Meta{scale[k], lo[k], 0.0}, meta + k * F::meta_bytes);
+  }
+  const f32x4 inv_lo = __builtin_convertvector(inv_part[0], f32x4),
+              inv_hi = __builtin_convertvector(inv_part[1], f32x4);
+  const f32x8 inv_f = __builtin_shufflevector(inv_lo, inv_hi, 0, 1, 2, 3, 4, 5, 6, 7);
+  using Est = typename C::Estimate;
+  const unsigned slow = ~static_cast<unsigned>(__builtin_ia32_movmskps256(
+      (f32x8)((scale >= f32x8{} + 0x1p-100f) & (scale <= f32x8{} + 0x1p100f))));  // NaN: slow
   const std::size_t ahead = prefetch_ahead<T>();
   for (std::size_t k = 0; k < count; ++k) {
     if (skipped & (1u << k)) continue;
-    m[k] = typename F::Meta{scale[k], offset[k], inv[k]};
-    F::store_meta(m[k], meta + k * F::meta_bytes);
-  }
-  for (std::size_t k = 0; k < count; ++k) {
-    if (skipped & (1u << k)) continue;
-    const auto enc = C::enc(m[k]);
-    const auto est = C::estimate(m[k]);
+    const Est est{lo[k], inv_f[k]};
+    const bool fast = !(slow & (1u << k));
     const T* xk = x[k];
     QCOLL_UNROLL_BLOCK
     for (std::size_t j = 0; j < F::block; j += 32) {
       prefetch_next<F>(xk + j, ahead);
       // The float estimate, and the double arithmetic for the 32 codes where it is unsure.
       const T* p = xk + j;
-      i32x8 unsure = splat(est.fast ? 0 : -1);
-      i8x32 b{};
-      if (est.fast)
-        b = bytes32<false>(est(load(p), unsure), est(load(p + 8), unsure), est(load(p + 16), unsure),
-                           est(load(p + 24), unsure));
-      if (!__builtin_ia32_ptestz256((i64x4)unsure, (i64x4)unsure))
-        b = bytes32<false>(enc(load(p)), enc(load(p + 8)), enc(load(p + 16)), enc(load(p + 24)));
-      store_codes32<F::code_bits>(b, codes + k * code_bytes + j * F::code_bits / 8);
+      unsigned char* out = codes + k * code_bytes + j * F::code_bits / 8;
+      if (fast) {
+        f32x8 x0, x1, x2, x3;
+        load16(p, x0, x1);
+        load16(p + 16, x2, x3);
+        i32x8 worst{};
+        i8x32 b =
+            bytes32<false, paired_load<T>>(est(x0, worst), est(x1, worst), est(x2, worst), est(x3, worst));
+        if constexpr (F::qmax < 255) b = min_u8(b, F::qmax);
+        if (!Est::unsure(worst)) {
+          store_codes32<F::code_bits>(b, out);
+          continue;
+        }
+      }
+      const auto enc = C::enc(typename F::Meta{scale[k], lo[k], inv_part[k / 4][k % 4]});
+      store_codes32<F::code_bits>(
+          bytes32<false>(enc(load(p)), enc(load(p + 8)), enc(load(p + 16)), enc(load(p + 24))), out);
     }
   }
   return skipped;
