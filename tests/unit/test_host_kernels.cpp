@@ -561,6 +561,46 @@ TEST_CASE_TEMPLATE("FP8 decoders equal the reference when a run of normal blocks
   CHECK(bad == 0u);
 }
 
+// FP8 blocks of 64 codes or more decode to bfloat16 by look-up: a table of the outputs of the
+// codes of exponent field 0 and 1, the exponent field added for the others, the sign last. Every
+// finite code of either sign, under scales of either sign on both sides of the look-up's bound,
+// with products subnormal (a subnormal scale included), normal and near overflow, and random
+// scales over the whole range, must decode as the reference does.
+TEST_CASE_TEMPLATE("FP8 decode to bfloat16 by look-up equals the reference for every finite code", F,
+                   Fp8E4M3<64>, Fp8E5M2<128>, Fp8E4M3<2048>, Fp8E5M2<256>) {
+  using L = MessageLayout<F>;
+  using E = typename fp8_element<F>::type;
+  // the bound: |a * 2^8| >= 2^-90 for E4M3 (its codes are converted as fp16 with 2^-8), |a| for E5M2
+  const float least = E::ebits == 4 ? 0x1p-98f : 0x1p-90f;
+  std::vector<float> scales;
+  for (float a : {least, std::nextafter(least, 0.0f), least * 1.5f, 0x1p-110f, 0x1p-120f, 0x1p-126f,
+                  0x1p-130f, 1e-45f, 0.3f, 1.0f, 448.0f, 0x1.8p99f, 0x1.fffffep99f}) {
+    scales.push_back(a);
+    scales.push_back(-a);
+  }
+  std::mt19937 g(31);
+  std::uniform_int_distribution<int> binade(-140, 99);
+  for (int r = 0; r < 40; ++r) {
+    const float a = std::ldexp(1.0f + static_cast<float>(g() % (1u << 23)) * 0x1p-23f, binade(g));
+    scales.push_back(r % 2 ? -a : a);
+  }
+  // each scale over enough blocks to meet all 256 codes (NaN and Inf magnitudes replaced)
+  const std::size_t reps = F::block >= 256 ? 1 : 256 / F::block, nb = scales.size() * reps, n = nb * F::block;
+  std::vector<unsigned char> msg(packed_bytes<F>(n), 0);
+  const MessageHeader h = make_header<F>(n);
+  std::memcpy(msg.data(), &h, sizeof h);
+  for (std::size_t b = 0; b < nb; ++b) {
+    detail::store_f32(msg.data() + L::metas_offset(n) + b * F::meta_bytes, scales[b / reps]);
+    for (std::size_t e = 0; e < F::block; ++e) {
+      std::uint32_t c = static_cast<std::uint32_t>(((b % reps) * F::block + e) % 256);
+      if ((c & 0x7fu) > E::max_code) c = (c & 0x80u) | ((c & 0x7fu) % (E::max_code + 1u));
+      ref_put_code<F>(msg.data() + L::codes_offset + b * L::block_code_bytes, e, c);
+    }
+  }
+  CHECK(arbitrary_message_mismatches<F, bfloat16>(msg, n) == 0u);
+  CHECK(arbitrary_message_mismatches<F, float>(msg, n) + arbitrary_message_mismatches<F, half>(msg, n) == 0u);
+}
+
 // The asymmetric integers decode by one float FMA per element where the double sum of F::decode
 // is exact (the offset's and the scale's last bits at most 28 binades apart one way and 20 the
 // other), by the double arithmetic elsewhere. Metas on both sides of those bounds, zero,
