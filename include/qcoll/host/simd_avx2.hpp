@@ -1514,11 +1514,12 @@ QCOLL_AVX2_INLINE void fp8_as_half(const unsigned char* p, f32x8& lo, f32x8& hi)
   static_assert(E::bits == 8, "FP8 codes");
   i8x16 b;
   std::memcpy(&b, p, sizeof b);
+  // sign-extended: bits 7-15 copy the sign (shifted out or cleared below)
 #if defined(__clang__)
-  typedef unsigned char u8x16 __attribute__((vector_size(16)));
-  const i16x16 w = __builtin_convertvector((u8x16)b, i16x16);
+  typedef signed char s8x16 __attribute__((vector_size(16)));
+  const i16x16 w = __builtin_convertvector((s8x16)b, i16x16);
 #else
-  const i16x16 w = (i16x16)__builtin_ia32_pmovzxbw256(b);
+  const i16x16 w = (i16x16)__builtin_ia32_pmovsxbw256(b);
 #endif
   i16x16 h;
   if constexpr (E::ebits == 5) {
@@ -1531,9 +1532,9 @@ QCOLL_AVX2_INLINE void fp8_as_half(const unsigned char* p, f32x8& lo, f32x8& hi)
   } else {
     static_assert(E::ebits == 4 && E::has_nan && !E::has_inf && E::max_code == 0x7e,
                   "E4M3: NaN = S.1111.111");
-    // the code in the top byte, shifted right arithmetically: the sign in bits 15 and 14, the
-    // magnitude in bits 13-7; bit 14 (the fp16 exponent's top bit) cleared
-    h = ((w << 8) >> 1) & (short)0xbf80;
+    // the magnitude in bits 13-7, the sign in bits 15 and 14; bit 14 (the fp16 exponent's top
+    // bit) cleared
+    h = (w << 7) & (short)0xbf80;
     if constexpr (!FiniteCodes) {
       const i16x16 nan = (w & 0x7f) == 0x7f;
       h = (h & ~nan) | (nan & 0x7fff);
