@@ -15,14 +15,13 @@
 //! codes up in a table of their values (a permutation for 4-bit codes, a gather otherwise), takes
 //! 16-bit outputs of 4-bit codes from byte tables of the block's sixteen outputs (pshufb; NVFP4:
 //! of each of its 256 block scales, once per message; FP8 to bfloat16 from blocks of 64 on: of
-//! the codes of exponent fields 0 and 1, the others' exponents added), runs the common kinds of block (FP8 with a
-//! moderate fp32 scale, NVFP4 with a moderate message scale, MX with exact products) in loops of
-//! their own, and writes 16 values at a time, non-temporally
-//! for large outputs, rounding 16-bit outputs without the NaN fix-up where no value can be NaN. The
-//! identity formats (unquantized f32, bf16, f16) have conversion loops of their own. Every vector
-//! step is the IEEE operation (or integer bit manipulation) that the format's scalar function
-//! performs, in the same order, or one shown to give the same result (noted where used), so the
-//! bytes are those of the portable loops.
+//! the codes of exponent fields 0 and 1, the others' exponents added), runs the common kinds of block (FP8
+//! with a moderate fp32 scale, NVFP4 with a moderate message scale, MX with exact products) in loops of their
+//! own, and writes 16 values at a time, non-temporally for large outputs, rounding 16-bit outputs without the
+//! NaN fix-up where no value can be NaN. The identity formats (unquantized f32, bf16, f16) have conversion
+//! loops of their own. Every vector step is the IEEE operation (or integer bit manipulation) that the
+//! format's scalar function performs, in the same order, or one shown to give the same result (noted where
+//! used), so the bytes are those of the portable loops.
 //!
 //! Written with the compilers' vector extensions and a few x86 builtins instead of <immintrin.h>,
 //! whose parsing alone would cost every includer about half a second.
