@@ -74,6 +74,7 @@ typedef long long i64x4 __attribute__((vector_size(32)));
 typedef short i16x16 __attribute__((vector_size(32)));
 typedef unsigned short u16x16 __attribute__((vector_size(32)));
 typedef char i8x32 __attribute__((vector_size(32)));
+typedef unsigned char u8x32 __attribute__((vector_size(32)));
 typedef float f32x4 __attribute__((vector_size(16)));
 typedef int i32x4 __attribute__((vector_size(16)));
 typedef short i16x8 __attribute__((vector_size(16)));
@@ -107,7 +108,6 @@ QCOLL_AVX2_INLINE i32x8 vmax(i32x8 a, i32x8 b) { return a > b ? a : b; }
 QCOLL_AVX2_INLINE i32x8 vmin(i32x8 a, i32x8 b) { return a < b ? a : b; }
 //! The unsigned bytes of v, at most m (vpminub).
 QCOLL_AVX2_INLINE i8x32 min_u8(i8x32 v, unsigned char m) {
-  typedef unsigned char u8x32 __attribute__((vector_size(32)));
 #if defined(__clang__)
   return (i8x32)__builtin_elementwise_min((u8x32)v, u8x32{} + m);
 #else
@@ -116,7 +116,6 @@ QCOLL_AVX2_INLINE i8x32 min_u8(i8x32 v, unsigned char m) {
 }
 //! The unsigned bytes of v less m, saturated at 0 (vpsubusb).
 QCOLL_AVX2_INLINE i8x32 sub_sat_u8(i8x32 v, unsigned char m) {
-  typedef unsigned char u8x32 __attribute__((vector_size(32)));
 #if defined(__clang__)
 #if __has_builtin(__builtin_elementwise_sub_sat)
   return (i8x32)__builtin_elementwise_sub_sat((u8x32)v, u8x32{} + m);
@@ -823,7 +822,7 @@ struct Codec<AsymmetricInt<B, K>> {
     }
     //! Whether some distance in `worst` is within 2^-13 of 1/2 (or NaN): then Enc decides.
     static QCOLL_AVX2_INLINE bool unsure(i32x8 worst) {
-      const i32x8 near = worst > static_cast<int>(fp::bits(0.5f - 0x1p-13f)) - 1;
+      const i32x8 near = worst >= static_cast<int>(fp::bits(0.5f - 0x1p-13f));
       return !__builtin_ia32_ptestz256((i64x4)near, (i64x4)near);
     }
   };
@@ -1250,7 +1249,7 @@ QCOLL_AVX2 inline unsigned encode_full_blocks(const T* const* x, std::size_t cou
     std::memcpy(&hi, h, sizeof h);
   }
   // make_meta: scale = float((double(hi) - double(lo)) / qmax), inv = scale > 0 ? 1 / scale : 0
-  f32x8 scale;
+  f32x4 scale_part[2];
   f64x4 inv_part[2];
   QCOLL_UNROLL
   for (int half4 = 0; half4 < 2; ++half4) {
@@ -1259,14 +1258,13 @@ QCOLL_AVX2 inline unsigned encode_full_blocks(const T* const* x, std::size_t cou
     const f32x4 h4 =
         half4 ? __builtin_shufflevector(hi, hi, 4, 5, 6, 7) : __builtin_shufflevector(hi, hi, 0, 1, 2, 3);
     const f64x4 span = __builtin_convertvector(h4, f64x4) - __builtin_convertvector(l4, f64x4);
-    const f32x4 sc = __builtin_convertvector(span / double(F::qmax), f32x4);
+    const f32x4 sc = scale_part[half4] = __builtin_convertvector(span / double(F::qmax), f32x4);
     const f64x4 sd = __builtin_convertvector(sc, f64x4);
     const i64x4 pos = sd > 0.0;
     inv_part[half4] =
         (f64x4)((i64x4)(1.0 / (f64x4)(((i64x4)sd & pos) | ((i64x4)(f64x4{} + 1.0) & ~pos))) & pos);
-    const f32x8 sc8 = __builtin_shufflevector(sc, sc, 0, 1, 2, 3, 0, 1, 2, 3);
-    scale = half4 ? __builtin_shufflevector(scale, sc8, 0, 1, 2, 3, 8, 9, 10, 11) : sc8;
   }
+  const f32x8 scale = __builtin_shufflevector(scale_part[0], scale_part[1], 0, 1, 2, 3, 4, 5, 6, 7);
   // The metas (scale, offset = lo): all eight with two stores when the group is whole (the caller
   // rewrites those of skipped blocks), else block by block.
   if (count == 8) {
@@ -1588,6 +1586,15 @@ QCOLL_AVX2_INLINE f32x8 half_value(f32x8 v) {
   return v;
 }
 
+//! The bytes of lo and hi interleaved into 16-bit words (lo's the low bytes) within each 128-bit
+//! lane: w0 of bytes 0-7 of both lanes, w1 of bytes 8-15 (vpunpcklbw, vpunpckhbw).
+QCOLL_AVX2_INLINE void interleave_bytes(i8x32 lo, i8x32 hi, i16x16& w0, i16x16& w1) {
+  w0 = (i16x16)__builtin_shufflevector(lo, hi, 0, 32, 1, 33, 2, 34, 3, 35, 4, 36, 5, 37, 6, 38, 7, 39, 16, 48,
+                                       17, 49, 18, 50, 19, 51, 20, 52, 21, 53, 22, 54, 23, 55);
+  w1 = (i16x16)__builtin_shufflevector(lo, hi, 8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47,
+                                       24, 56, 25, 57, 26, 58, 27, 59, 28, 60, 29, 61, 30, 62, 31, 63);
+}
+
 //! The sixteen 16-bit outputs of a block's 4-bit codes 0 to 15 as pshufb tables: lo holds their
 //! low bytes, hi their high bytes (byte c: code c's), in both 128-bit lanes. words: the outputs
 //! in code order.
@@ -1613,15 +1620,15 @@ QCOLL_AVX2_INLINE void emit_nibbles32(const NibbleTable& t, const unsigned char*
   // lane 0: bytes 0-3 and 8-11 (codes 0-7 and 16-23); lane 1: bytes 4-7 and 12-15 (8-15, 24-31)
   const i8x32 q = (i8x32)__builtin_shufflevector(b, b, 0, 2, 0, 2, 1, 3, 1, 3);
   const i8x32 lo = q & (char)0x0f, hi = (i8x32)((u16x16)q >> 4) & (char)0x0f;
-  const i8x32 idx = __builtin_shufflevector(lo, hi, 0, 32, 1, 33, 2, 34, 3, 35, 4, 36, 5, 37, 6, 38, 7, 39,
-                                            16, 48, 17, 49, 18, 50, 19, 51, 20, 52, 21, 53, 22, 54, 23, 55);
-  const i8x32 l = __builtin_ia32_pshufb256(t.lo, idx), h = __builtin_ia32_pshufb256(t.hi, idx);
-  put16<S>(out,
-           (i64x4)__builtin_shufflevector(l, h, 0, 32, 1, 33, 2, 34, 3, 35, 4, 36, 5, 37, 6, 38, 7, 39, 16,
-                                          48, 17, 49, 18, 50, 19, 51, 20, 52, 21, 53, 22, 54, 23, 55));
-  put16<S>(out + 16,
-           (i64x4)__builtin_shufflevector(l, h, 8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47,
-                                          24, 56, 25, 57, 26, 58, 27, 59, 28, 60, 29, 61, 30, 62, 31, 63));
+  // the codes one to a byte: lane 0 codes 0-7 and 16-23, lane 1 codes 8-15 and 24-31 (the
+  // second half repeats them)
+  i16x16 idx, again;
+  interleave_bytes(lo, hi, idx, again);
+  i16x16 w0, w1;
+  interleave_bytes(__builtin_ia32_pshufb256(t.lo, (i8x32)idx), __builtin_ia32_pshufb256(t.hi, (i8x32)idx), w0,
+                   w1);
+  put16<S>(out, (i64x4)w0);
+  put16<S>(out + 16, (i64x4)w1);
 }
 
 //! Whether F's blocks decode to V by sink S through a NibbleTable: 16-bit outputs, stored, of
@@ -1750,19 +1757,9 @@ QCOLL_AVX2_INLINE void fp8_bf16_lookup(const unsigned char* c, std::size_t n, fl
     const i8x32 alo = (i8x32)((u16x16)e1 << sh) & static_cast<char>(0xff << sh);
     const i8x32 ahi =
         ((i8x32)((u16x16)e1 >> (8 - sh)) & static_cast<char>(0xff >> (8 - sh))) | (q & (char)0x80);
-    const i8x32 l = __builtin_ia32_pshufb256(t.lo, idx), h = __builtin_ia32_pshufb256(t.hi, idx);
-    const i16x16 t0 =
-        (i16x16)__builtin_shufflevector(l, h, 0, 32, 1, 33, 2, 34, 3, 35, 4, 36, 5, 37, 6, 38, 7, 39, 16, 48,
-                                        17, 49, 18, 50, 19, 51, 20, 52, 21, 53, 22, 54, 23, 55);
-    const i16x16 t1 =
-        (i16x16)__builtin_shufflevector(l, h, 8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47,
-                                        24, 56, 25, 57, 26, 58, 27, 59, 28, 60, 29, 61, 30, 62, 31, 63);
-    const i16x16 a0 =
-        (i16x16)__builtin_shufflevector(alo, ahi, 0, 32, 1, 33, 2, 34, 3, 35, 4, 36, 5, 37, 6, 38, 7, 39, 16,
-                                        48, 17, 49, 18, 50, 19, 51, 20, 52, 21, 53, 22, 54, 23, 55);
-    const i16x16 a1 =
-        (i16x16)__builtin_shufflevector(alo, ahi, 8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15,
-                                        47, 24, 56, 25, 57, 26, 58, 27, 59, 28, 60, 29, 61, 30, 62, 31, 63);
+    i16x16 t0, t1, a0, a1;
+    interleave_bytes(__builtin_ia32_pshufb256(t.lo, idx), __builtin_ia32_pshufb256(t.hi, idx), t0, t1);
+    interleave_bytes(alo, ahi, a0, a1);
     put16<S>(o + j, (i64x4)(t0 + a0));
     put16<S>(o + j + 16, (i64x4)(t1 + a1));
   }
