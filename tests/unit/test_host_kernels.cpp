@@ -561,13 +561,15 @@ TEST_CASE_TEMPLATE("FP8 decoders equal the reference when a run of normal blocks
   CHECK(bad == 0u);
 }
 
-// FP8 blocks of 64 codes or more decode to bfloat16 by look-up: a table of the outputs of the
-// codes of exponent field 0 and 1, the exponent field added for the others, the sign last. Every
-// finite code of either sign, under scales of either sign on both sides of the look-up's bound,
-// with products subnormal (a subnormal scale included), normal and near overflow, and random
-// scales over the whole range, must decode as the reference does.
+// FP8 blocks decode to bfloat16 by look-up: blocks of normal codes by a table of the outputs of
+// exponent field 1 (fp8_bf16_normal_lookup; eight blocks checked at once up to block 128), the
+// others of 64 codes or more by a table of fields 0 and 1 (fp8_bf16_lookup); the exponent field
+// is added for the others, the sign last. Every finite code of either sign, in blocks of normal
+// codes only and in blocks holding zero and subnormal codes, under scales of either sign on both
+// sides of the look-ups' bound, with products subnormal (a subnormal scale included), normal and
+// near overflow, and random scales over the whole range, must decode as the reference does.
 TEST_CASE_TEMPLATE("FP8 decode to bfloat16 by look-up equals the reference for every finite code", F,
-                   Fp8E4M3<64>, Fp8E5M2<128>, Fp8E4M3<2048>, Fp8E5M2<256>) {
+                   Fp8E4M3<32>, Fp8E5M2<32>, Fp8E4M3<64>, Fp8E5M2<128>, Fp8E4M3<2048>, Fp8E5M2<256>) {
   using L = MessageLayout<F>;
   using E = typename fp8_element<F>::type;
   // the bound: |a * 2^8| >= 2^-90 for E4M3 (its codes are converted as fp16 with 2^-8), |a| for E5M2
@@ -584,16 +586,20 @@ TEST_CASE_TEMPLATE("FP8 decode to bfloat16 by look-up equals the reference for e
     const float a = std::ldexp(1.0f + static_cast<float>(g() % (1u << 23)) * 0x1p-23f, binade(g));
     scales.push_back(r % 2 ? -a : a);
   }
-  // each scale over enough blocks to meet all 256 codes (NaN and Inf magnitudes replaced)
-  const std::size_t reps = F::block >= 256 ? 1 : 256 / F::block, nb = scales.size() * reps, n = nb * F::block;
+  // each scale over sixteen blocks (two runs of eight, as decode_fp8_blocks checks them), each run
+  // meeting all 256 codes (NaN and Inf magnitudes replaced); in the first run the codes of
+  // exponent field 0 are moved to field 1, so that its blocks hold normal codes only
+  constexpr std::uint32_t field = 0x7fu & ~((1u << E::mbits) - 1u);
+  const std::size_t reps = 16, nb = scales.size() * reps, n = nb * F::block;
   std::vector<unsigned char> msg(packed_bytes<F>(n), 0);
   const MessageHeader h = make_header<F>(n);
   std::memcpy(msg.data(), &h, sizeof h);
   for (std::size_t b = 0; b < nb; ++b) {
     detail::store_f32(msg.data() + L::metas_offset(n) + b * F::meta_bytes, scales[b / reps]);
     for (std::size_t e = 0; e < F::block; ++e) {
-      std::uint32_t c = static_cast<std::uint32_t>(((b % reps) * F::block + e) % 256);
+      std::uint32_t c = static_cast<std::uint32_t>(((b % 8) * F::block + e) % 256);
       if ((c & 0x7fu) > E::max_code) c = (c & 0x80u) | ((c & 0x7fu) % (E::max_code + 1u));
+      if (b % reps < 8 && (c & field) == 0) c |= 1u << E::mbits;
       ref_put_code<F>(msg.data() + L::codes_offset + b * L::block_code_bytes, e, c);
     }
   }
