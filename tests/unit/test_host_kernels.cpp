@@ -562,7 +562,7 @@ TEST_CASE_TEMPLATE("FP8 decoders equal the reference when a run of normal blocks
 }
 
 // FP8 blocks decode to bfloat16 by look-up: blocks of normal codes by a table of the outputs of
-// exponent field 1 (fp8_bf16_normal_lookup; eight blocks checked at once up to block 128), the
+// exponent field 1 (Fp8NormalLookup; eight blocks checked at once up to block 128), the
 // others of 64 codes or more by a table of fields 0 and 1 (fp8_bf16_lookup); the exponent field
 // is added for the others, the sign last. Every finite code of either sign, in blocks of normal
 // codes only and in blocks holding zero and subnormal codes, under scales of either sign on both

@@ -1768,7 +1768,7 @@ QCOLL_AVX2_INLINE void fp8_bf16_lookup(const unsigned char* c, std::size_t n, fl
   }
 }
 
-//! Whether decode_fp8_blocks decodes F's blocks to V by sink S through fp8_bf16_normal_lookup
+//! Whether decode_fp8_blocks decodes F's blocks to V by sink S through Fp8NormalLookup
 //! where their codes are all normal: bfloat16 outputs, stored (in cache 1.5-1.6x at block 32,
 //! 1.9-2x at 64, 1.1-1.5x from 128 on, where fp8_bf16_lookup served).
 template <class F, class V, Sink S>
@@ -1776,73 +1776,87 @@ constexpr bool fp8_normal_lookup() {
   return std::is_same<V, bfloat16>::value && S != Sink::add;
 }
 
-//! The FP8 codes c[0, n) of E (n a multiple of 32), all normal (fp8_finite_codes<E, true>),
-//! decoded to bfloat16 as decode_fp8_block computes them, with a (in every lane) the block scale:
-//! the code's value times a, rounded to fp32, then to bfloat16 (decode_fp8_block's E4M3 product
-//! (value * 2^-8) * (a * 2^8) is the same real number). As fp8_bf16_lookup, and exact under the
-//! same bound (fp8_lookup_least <= |a| * 2^8 for E4M3, |a| for E5M2; |a| < 2^100), but its table
-//! takes one multiplication: only the 2^mbits codes of exponent field 1 are multiplied and
-//! rounded (T[m], the output of fraction m). A code's low four bits, its fraction m and the low
-//! R = 4 - mbits bits r of its field e, index sixteen words: T[m] + (r - 1) * 2^7 for r >= 1, and
-//! for r = 0 the word of field 2^R, T[m] + (2^R - 1) * 2^7, less 2^(R-1) * 2^8, which is
-//! T[m] - 2^7. Each word plus (e >> R) * 2^(R-1) * 2^8 is T[m] + (e - 1) * 2^7, the output of
-//! field e: a multiple of 2^8, so it is added to the words' high bytes, as bytes, with the code's
-//! sign. Per 32 codes 14 operations, plus 13 per call for the table.
-template <class E, Sink S>
-QCOLL_AVX2_INLINE void fp8_bf16_normal_lookup(const unsigned char* c, std::size_t n, f32x8 a, bfloat16* o,
-                                              std::size_t ahead) {
-  static_assert(E::bits == 8 && S != Sink::add, "FP8 codes, stored");
+//! Decodes FP8 codes of E, all normal (fp8_finite_codes<E, true>), to bfloat16 as
+//! decode_fp8_block computes them, with a the block scale: the code's value times a, rounded to
+//! fp32, then to bfloat16 (decode_fp8_block's E4M3 product (value * 2^-8) * (a * 2^8) is the same
+//! real number). As fp8_bf16_lookup, and exact under the same bound (fp8_lookup_least <= |a| * 2^8
+//! for E4M3, |a| for E5M2; |a| < 2^100), but its table takes one multiplication: only the 2^mbits
+//! codes of exponent field 1 are multiplied and rounded (T[m], the output of fraction m). A code's
+//! low four bits, its fraction m and the low R = 4 - mbits bits r of its field e, index sixteen
+//! words: T[m] + (r - 1) * 2^7 for r >= 1, and for r = 0 the word of field 2^R, T[m] + (2^R - 1)
+//! * 2^7, less 2^(R-1) * 2^8, which is T[m] - 2^7. Each word plus (e >> R) * 2^(R-1) * 2^8 is T[m]
+//! + (e - 1) * 2^7, the output of field e: a multiple of 2^8, so it is added to the words' high
+//! bytes, as bytes, with the code's sign. Per 32 codes 14 operations, plus 13 per block for the
+//! table. Its constants are made once (and kept in registers: GCC would rebuild each of them in
+//! every block of an unrolled run).
+template <class E>
+struct Fp8NormalLookup {
+  static_assert(E::bits == 8, "FP8 codes");
   static_assert(E::ebits == 4 ? E::bias == 7 && E::mbits == 3 : E::bias == 15 && E::mbits == 2, "E4M3, E5M2");
-  constexpr unsigned M = 1u << E::mbits, rows = 16 / M;
-  // lane i: the value of the code of field 1 and fraction i % M, (M + m) * 2^(1 - bias - mbits)
-  constexpr float unit = E::ebits == 4 ? 0x1p-9f : 0x1p-16f;
-  f32x8 v;
-  for (unsigned i = 0; i < 8; ++i) v[i] = static_cast<float>(M + i % M) * unit;
-  const u32x8 p = (u32x8)(v * a);                  // normal, finite: |a| within the bound
-  const u32x8 t = p + 0x7fffu + ((p >> 16) & 1u);  // T[i % M] in bits 16-31
-  // word k = r * M + m of the table: T[m] + d(r) * 2^7 (modulo 2^16: in bits 16-31 of 32)
-  u32x8 d0, d1;
-  for (unsigned i = 0; i < 8; ++i) {
-    const unsigned r0 = i / M, r1 = (8 + i) / M;
-    d0[i] = (r0 == 0 ? 0u - 0x80u : (r0 - 1) * 0x80u) << 16;
-    d1[i] = (r1 - 1) * 0x80u << 16;
-  }
-  // lane 0: low bytes of words 0-3, their high bytes, low bytes of words 8-11, their high bytes;
-  // lane 1: the same of words 4-7 and 12-15
-  const i8x32 pick0 = {2, 6, 10, 14, 3, 7, 11, 15, -1, -1, -1, -1, -1, -1, -1, -1,
-                       2, 6, 10, 14, 3, 7, 11, 15, -1, -1, -1, -1, -1, -1, -1, -1};
-  const i8x32 pick1 = {-1, -1, -1, -1, -1, -1, -1, -1, 2, 6, 10, 14, 3, 7, 11, 15,
-                       -1, -1, -1, -1, -1, -1, -1, -1, 2, 6, 10, 14, 3, 7, 11, 15};
-  const i32x8 w = (i32x8)(__builtin_ia32_pshufb256((i8x32)(t + d0), pick0) |
-                          __builtin_ia32_pshufb256((i8x32)(t + d1), pick1));
-  const i8x32 tlo = (i8x32)__builtin_shufflevector(w, w, 0, 4, 2, 6, 0, 4, 2, 6);
-  const i8x32 thi = (i8x32)__builtin_shufflevector(w, w, 1, 5, 3, 7, 1, 5, 3, 7);
-  // the high byte's addition: (e >> R) * 2^(R-1), from the code's bits 4-6, and its sign
+  static constexpr unsigned M = 1u << E::mbits, rows = 16 / M;
   static_assert(rows == 2 || rows == 4, "two or four rows");
-  constexpr int sh = rows == 4 ? 3 : 4;
-  constexpr char emask = static_cast<char>(rows == 4 ? 0x0e : 0x07);
-  for (std::size_t j = 0; j < n; j += 32) {
-    __builtin_prefetch(c + j + ahead);  // the hardware prefetchers alone fall behind
-    i64x4 b;
-    std::memcpy(&b, c + j, sizeof b);
-    // lane 0: codes 0-7 and 16-23, lane 1: codes 8-15 and 24-31 (as in fp8_bf16_lookup)
-    const i8x32 q = (i8x32)__builtin_shufflevector(b, b, 0, 2, 1, 3);
-    const i8x32 idx = q & (char)0x0f;
-    const i8x32 hi =
-        __builtin_ia32_pshufb256(thi, idx) + (((i8x32)((u16x16)q >> sh) & emask) | (q & (char)0x80));
-    i16x16 w0, w1;
-    interleave_bytes(__builtin_ia32_pshufb256(tlo, idx), hi, w0, w1);
-    put16<S>(o + j, (i64x4)w0);
-    put16<S>(o + j + 16, (i64x4)w1);
+  //! The value of the code of field 1 and fraction m, (M + m) * 2^(1 - bias - mbits).
+  static constexpr float field1(unsigned m) {
+    return static_cast<float>(M + m % M) * (E::ebits == 4 ? 0x1p-9f : 0x1p-16f);
   }
-}
+  //! Word k = r * M + m of the table less T[m], in bits 16-31 (modulo 2^32).
+  static constexpr unsigned delta(unsigned k) { return (k < M ? 0u - 0x80u : (k / M - 1) * 0x80u) << 16; }
+  f32x8 v;       // lane i: field1(i)
+  u32x8 d0, d1;  // delta of words 0-7, 8-15
+  u32x8 one, half;
+  i8x32 low, emask, sign;
+  QCOLL_AVX2_INLINE Fp8NormalLookup() {
+    v = f32x8{field1(0), field1(1), field1(2), field1(3), field1(4), field1(5), field1(6), field1(7)};
+    d0 = u32x8{delta(0), delta(1), delta(2), delta(3), delta(4), delta(5), delta(6), delta(7)};
+    d1 = u32x8{delta(8), delta(9), delta(10), delta(11), delta(12), delta(13), delta(14), delta(15)};
+    one = u32x8{} + 1u;
+    half = u32x8{} + 0x7fffu;
+    low = i8x32{} + static_cast<char>(0x0f);
+    emask = i8x32{} + static_cast<char>(rows == 4 ? 0x0e : 0x07);
+    sign = i8x32{} + static_cast<char>(0x80);
+    __asm__("" : "+x"(v), "+x"(d0), "+x"(d1), "+x"(one), "+x"(half), "+x"(low), "+x"(emask), "+x"(sign));
+  }
+  //! The codes c[0, n) (n a multiple of 32) to o by sink, with a the block scale in every lane.
+  template <Sink S>
+  QCOLL_AVX2_INLINE void decode(const unsigned char* c, std::size_t n, f32x8 a, bfloat16* o,
+                                std::size_t ahead) const {
+    static_assert(S != Sink::add, "stored");
+    const u32x8 p = (u32x8)(v * a);                // normal, finite: |a| within the bound
+    const u32x8 t = p + half + ((p >> 16) & one);  // T[i % M] in bits 16-31
+    // lane 0: low bytes of words 0-3, their high bytes, low bytes of words 8-11, their high bytes;
+    // lane 1: the same of words 4-7 and 12-15
+    const i8x32 pick0 = {2, 6, 10, 14, 3, 7, 11, 15, -1, -1, -1, -1, -1, -1, -1, -1,
+                         2, 6, 10, 14, 3, 7, 11, 15, -1, -1, -1, -1, -1, -1, -1, -1};
+    const i8x32 pick1 = {-1, -1, -1, -1, -1, -1, -1, -1, 2, 6, 10, 14, 3, 7, 11, 15,
+                         -1, -1, -1, -1, -1, -1, -1, -1, 2, 6, 10, 14, 3, 7, 11, 15};
+    const i32x8 w = (i32x8)(__builtin_ia32_pshufb256((i8x32)(t + d0), pick0) |
+                            __builtin_ia32_pshufb256((i8x32)(t + d1), pick1));
+    const i8x32 tlo = (i8x32)__builtin_shufflevector(w, w, 0, 4, 2, 6, 0, 4, 2, 6);
+    const i8x32 thi = (i8x32)__builtin_shufflevector(w, w, 1, 5, 3, 7, 1, 5, 3, 7);
+    // the high byte's addition, (e >> R) * 2^(R-1), is the code's bits 4-6 times 2^(R-1)
+    constexpr int sh = rows == 4 ? 3 : 4;
+    for (std::size_t j = 0; j < n; j += 32) {
+      __builtin_prefetch(c + j + ahead);  // the hardware prefetchers alone fall behind
+      i64x4 b;
+      std::memcpy(&b, c + j, sizeof b);
+      // lane 0: codes 0-7 and 16-23, lane 1: codes 8-15 and 24-31 (as in fp8_bf16_lookup)
+      const i8x32 q = (i8x32)__builtin_shufflevector(b, b, 0, 2, 1, 3);
+      const i8x32 idx = q & low;
+      const i8x32 hi = __builtin_ia32_pshufb256(thi, idx) + (((i8x32)((u16x16)q >> sh) & emask) | (q & sign));
+      i16x16 w0, w1;
+      interleave_bytes(__builtin_ia32_pshufb256(tlo, idx), hi, w0, w1);
+      put16<S>(o + j, (i64x4)w0);
+      put16<S>(o + j + 16, (i64x4)w1);
+    }
+  }
+};
 
 //! The codes c[0, F::block) of a block of FP8 F decoded as decode_fp8_blocks does, with s the
 //! scale (E4M3: times 2^8), to o by sink; prefetches `ahead` bytes past the codes. bfloat16
 //! outputs, stored, of blocks of 64 codes or more: by fp8_bf16_lookup where |s| >=
 //! fp8_lookup_least (from memory 1.1x at block 64, 1.5x at 128, 2x from 256 on; at block 32 its
 //! table costs as much as the block, and it ran 0.75x). decode_fp8_blocks sends here only the
-//! blocks that fp8_bf16_normal_lookup does not take (a zero or subnormal code among them).
+//! blocks that Fp8NormalLookup does not take (a zero or subnormal code among them).
 template <class F, Sink S, class V>
 QCOLL_AVX2_INLINE void decode_fp8_block(const unsigned char* c, float s, V* o, std::size_t ahead) {
   using E = typename Codec<F>::Element;
@@ -1866,7 +1880,7 @@ QCOLL_AVX2_INLINE void decode_fp8_block(const unsigned char* c, float s, V* o, s
 //! nothing is written NaN. Blocks of up to 128 elements are checked eight at a time (their
 //! scales as one vector, their codes in one pass), then decoded with no test of their own; the
 //! rest (and a run that fails its check) one at a time. Blocks of normal codes decoded to
-//! bfloat16 take fp8_bf16_normal_lookup (fp8_normal_lookup). Returns the first block not decoded
+//! bfloat16 take Fp8NormalLookup (fp8_normal_lookup). Returns the first block not decoded
 //! (count when all are); a block holding NaN or Inf codes (which no quantizer writes from finite
 //! input) takes decode_codes. O(blocks decoded * F::block).
 template <class F, Sink S, class V>
@@ -1878,8 +1892,9 @@ QCOLL_AVX2_INLINE std::size_t decode_fp8_blocks(const unsigned char* codes, cons
   // Prefetch distance: 1 KiB past the codes decoded, and from block 1024 on past the next block,
   // which fp8_finite_codes reads before it is decoded (at block 2048, 1.09-1.31x from memory).
   constexpr std::size_t ahead = F::block >= 1024 ? F::block + 1024 : 1024;
-  // the least |a| of fp8_bf16_normal_lookup (fp8_lookup_least, on a * 2^8 for E4M3)
+  // the least |a| of Fp8NormalLookup (fp8_lookup_least, on a * 2^8 for E4M3)
   [[maybe_unused]] constexpr float least = E::ebits == 4 ? fp8_lookup_least * 0x1p-8f : fp8_lookup_least;
+  [[maybe_unused]] const std::conditional_t<fp8_normal_lookup<F, V, S>(), Fp8NormalLookup<E>, char> look{};
   if constexpr (F::block <= 128) {
     static_assert(F::meta_bytes == 4, "an fp32 block scale per block (F::load_meta reads store_f32's bytes)");
     for (; k + 8 <= count; k += 8) {
@@ -1894,9 +1909,9 @@ QCOLL_AVX2_INLINE std::size_t decode_fp8_blocks(const unsigned char* codes, cons
         if (__builtin_ia32_movmskps256(in) == 0xff && fp8_finite_codes<E, true>(c, 8 * F::block)) {
           QCOLL_UNROLL
           for (std::size_t b = 0; b < 8; ++b)
-            fp8_bf16_normal_lookup<E, S>(c + b * code_bytes, F::block,
-                                         splat_f(::qcoll::detail::load_f32(meta + (k + b) * 4)),
-                                         out + (k + b) * F::block, ahead);
+            look.template decode<S>(c + b * code_bytes, F::block,
+                                    splat_f(::qcoll::detail::load_f32(meta + (k + b) * 4)),
+                                    out + (k + b) * F::block, ahead);
           continue;
         }
       }
@@ -1912,7 +1927,7 @@ QCOLL_AVX2_INLINE std::size_t decode_fp8_blocks(const unsigned char* codes, cons
     const unsigned char* c = codes + k * code_bytes;
     if constexpr (fp8_normal_lookup<F, V, S>()) {
       if (fp8_direct(a) && fp::abs(a) >= least && fp8_finite_codes<E, true>(c, F::block)) {
-        fp8_bf16_normal_lookup<E, S>(c, F::block, splat_f(a), out + k * F::block, ahead);
+        look.template decode<S>(c, F::block, splat_f(a), out + k * F::block, ahead);
         continue;
       }
     }
