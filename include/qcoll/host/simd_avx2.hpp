@@ -1718,6 +1718,15 @@ QCOLL_AVX2_INLINE bool fp8_finite_codes(const unsigned char* c, std::size_t n) {
   return __builtin_ia32_ptestz256((i64x4)any, (i64x4)any);
 }
 
+//! The 32 code bytes at p arranged for interleave_bytes: lane 0 codes 0-7 and 16-23, lane 1 codes
+//! 8-15 and 24-31, so that the byte interleaves of their look-ups give the outputs in element
+//! order.
+QCOLL_AVX2_INLINE i8x32 interleave_ready(const unsigned char* p) {
+  i64x4 b;
+  std::memcpy(&b, p, sizeof b);
+  return (i8x32)__builtin_shufflevector(b, b, 0, 2, 1, 3);
+}
+
 //! The least |s| (decode_fp8_block's scale) that fp8_bf16_lookup takes: 2^-90.
 constexpr float fp8_lookup_least = 0x1p-90f;
 
@@ -1748,11 +1757,7 @@ QCOLL_AVX2_INLINE void fp8_bf16_lookup(const unsigned char* c, std::size_t n, fl
   const NibbleTable t = nibble_table(narrow16<true>(v0 * s, v1 * s, o));
   for (std::size_t j = 0; j < n; j += 32) {
     __builtin_prefetch(c + j + ahead);  // the hardware prefetchers alone fall behind
-    i64x4 b;
-    std::memcpy(&b, c + j, sizeof b);
-    // lane 0: codes 0-7 and 16-23, lane 1: codes 8-15 and 24-31 (then the byte interleaves give
-    // the outputs in element order)
-    const i8x32 q = (i8x32)__builtin_shufflevector(b, b, 0, 2, 1, 3);
+    const i8x32 q = interleave_ready(c + j);
     const i8x32 x = q & field;
     const i8x32 idx = (q & static_cast<char>(M - 1)) | ((x == 0) & static_cast<char>(M));
     const i8x32 e1 = sub_sat_u8(x, M);  // (e - 1) << mbits, 0 for field 0
@@ -1837,10 +1842,7 @@ struct Fp8NormalLookup {
     constexpr int sh = rows == 4 ? 3 : 4;
     for (std::size_t j = 0; j < n; j += 32) {
       __builtin_prefetch(c + j + ahead);  // the hardware prefetchers alone fall behind
-      i64x4 b;
-      std::memcpy(&b, c + j, sizeof b);
-      // lane 0: codes 0-7 and 16-23, lane 1: codes 8-15 and 24-31 (as in fp8_bf16_lookup)
-      const i8x32 q = (i8x32)__builtin_shufflevector(b, b, 0, 2, 1, 3);
+      const i8x32 q = interleave_ready(c + j);
       const i8x32 idx = q & low;
       const i8x32 hi = __builtin_ia32_pshufb256(thi, idx) + (((i8x32)((u16x16)q >> sh) & emask) | (q & sign));
       i16x16 w0, w1;
