@@ -1903,14 +1903,14 @@ QCOLL_AVX2_INLINE std::size_t decode_fp8_blocks(const unsigned char* codes, cons
       f32x8 a;  // the scales of blocks k to k + 7 (little-endian fp32, as store_f32 writes them)
       std::memcpy(&a, meta + k * 4, sizeof a);
       const f32x8 m = (f32x8)((i32x8)a & 0x7fffffff);  // fp8_direct per lane
-      const unsigned direct =
-          static_cast<unsigned>(__builtin_ia32_movmskps256((f32x8)((m > 0.0f) & (m < small_scale))));
+      const i32x8 below = m < small_scale;
+      const unsigned direct = static_cast<unsigned>(__builtin_ia32_movmskps256((f32x8)((m > 0.0f) & below)));
       const unsigned char* c = codes + k * code_bytes;
       if constexpr (fp8_normal_lookup<F, V, S>()) {
-        const f32x8 in = (f32x8)((m >= least) & (m < small_scale));
+        const f32x8 in = (f32x8)((m >= least) & below);
         if (__builtin_ia32_movmskps256(in) == 0xff && fp8_finite_codes<E, true>(c, 8 * F::block)) {
           QCOLL_UNROLL
-          for (std::size_t b = 0; b < 8; ++b)
+          for (std::size_t b = 0; b < 8; ++b)  // each scale broadcast from memory, not from a's lane
             look.template decode<S>(c + b * code_bytes, F::block,
                                     splat_f(::qcoll::detail::load_f32(meta + (k + b) * 4)),
                                     out + (k + b) * F::block, ahead);
@@ -1927,13 +1927,14 @@ QCOLL_AVX2_INLINE std::size_t decode_fp8_blocks(const unsigned char* codes, cons
   for (; k < count; ++k) {
     const float a = Codec<F>::dec(F::load_meta(meta + k * F::meta_bytes, message_scale)).a;
     const unsigned char* c = codes + k * code_bytes;
+    if (!fp8_direct(a)) break;
     if constexpr (fp8_normal_lookup<F, V, S>()) {
-      if (fp8_direct(a) && fp::abs(a) >= least && fp8_finite_codes<E, true>(c, F::block)) {
+      if (fp::abs(a) >= least && fp8_finite_codes<E, true>(c, F::block)) {
         look.template decode<S>(c, F::block, splat_f(a), out + k * F::block, ahead);
         continue;
       }
     }
-    if (!fp8_direct(a) || !fp8_finite_codes<E>(c, F::block)) break;
+    if (!fp8_finite_codes<E>(c, F::block)) break;
     decode_fp8_block<F, S>(c, E::ebits == 4 ? a * 256.0f : a, out + k * F::block, ahead);
   }
   return k;
