@@ -683,11 +683,13 @@ TEST_CASE_TEMPLATE("asymmetric integers decode like the reference on both sides 
 }
 
 // The asymmetric integers encode from a float estimate of the double (x - offset) / scale and take
-// the double arithmetic for any 32 elements with an estimate within 2^-13 of a rounding boundary.
-// Blocks whose elements lie 0 to 2 units in the last place from the boundaries k + 1/2, over spans
-// from 2^-120 to 2^120 (2^-12 to 2^12 for half), must encode as the portable loops do.
+// the double arithmetic for any 8 elements with an estimate within 5 * 2^-15 of a rounding
+// boundary. Blocks whose elements lie 0 to 2 units in the last place from the boundaries k + 1/2,
+// over spans from 2^-120 to 2^120 (2^-12 to 2^12 for half), must encode as the portable loops do:
+// every element so placed, or (every > 1) one in `every`, the others anywhere in [lo, hi], so that
+// vectors of 8 near a boundary and vectors away from them share a group of 32.
 template <class F, class T>
-std::vector<T> near_ties(std::size_t blocks, unsigned seed) {
+std::vector<T> near_ties(std::size_t blocks, unsigned seed, std::size_t every = 1) {
   std::mt19937 rng(seed);
   std::uniform_real_distribution<float> unit(-1.0f, 1.0f);
   const int top = std::is_same<T, half>::value ? 12 : 120;  // half: spans within its range
@@ -703,6 +705,12 @@ std::vector<T> near_ties(std::size_t blocks, unsigned seed) {
     xb[0] = from_float<T>(lo);
     xb[1] = from_float<T>(hi);
     for (std::size_t i = 2; i < F::block; ++i) {
+      if ((i + b) % every != 0) {
+        const float u = (unit(rng) + 1.0f) * 0.5f;
+        const float f = to_float(from_float<T>(static_cast<float>(lo + u * (static_cast<double>(hi) - lo))));
+        xb[i] = from_float<T>(!(f >= lo) ? lo : f > hi ? hi : f);
+        continue;
+      }
       T v = from_float<T>(static_cast<float>(lo + (code(rng) + 0.5) * static_cast<double>(scale)));
       std::uint16_t u16;
       std::uint32_t u32;
@@ -729,6 +737,9 @@ TEST_CASE_TEMPLATE("asymmetric integers encode values near rounding boundaries l
   CHECK(quantizes_like_portable<F>(near_ties<F, float>(blocks, 3)));
   CHECK(quantizes_like_portable<F>(near_ties<F, bfloat16>(blocks, 5)));
   CHECK(quantizes_like_portable<F>(near_ties<F, half>(blocks, 9)));
+  CHECK(quantizes_like_portable<F>(near_ties<F, float>(blocks, 13, 11)));
+  CHECK(quantizes_like_portable<F>(near_ties<F, bfloat16>(blocks, 15, 11)));
+  CHECK(quantizes_like_portable<F>(near_ties<F, half>(blocks, 17, 11)));
 }
 
 // host::quantize reads x[0, n) only: elements after n (NaN and large values here, where a kernel

@@ -801,28 +801,33 @@ struct Codec<AsymmetricInt<B, K>> {
   static Enc enc(const typename F::Meta& m) { return {double(m.offset), m.inv}; }
   static Dec dec(const typename F::Meta& m) { return {double(m.offset), double(m.scale)}; }
 
-  //! The float estimate of Enc's double arithmetic, (x - offset) * inv in float, rounded to nearest
-  //! even: the code Enc gives wherever the estimate is further than 2^-13 from a rounding boundary
-  //! (k + 1/2). Against the double value y = (x - offset) * inv the estimate errs by at most 3.01 *
-  //! 2^-24 * |y| + 2^-48 (three float roundings, two double ones; a subnormal difference errs by
-  //! 2^-150 times inv <= 2^100): below 2^-13 while |y| <= 600. The estimate of an element of the
-  //! block itself (lo <= x <= hi) lies in [0, qmax * (1 + 2^-21)], so its rounding is already in
-  //! [0, qmax]: no clamp is needed where the estimate is sure (bytes32's saturating packs and the
-  //! 4-bit caller's byte minimum keep the codes in range all the same). Scales outside [2^-100,
-  //! 2^100] (0 included) take Enc.
+  //! The float estimate of Enc's double arithmetic for the elements of a block (lo <= x <= hi), as
+  //! a fixed-point number: t = (x - offset) * inv + bias in float, inv = 1 / scale rounded to
+  //! float, bias = 256 + 1/2 - 3 * 2^-15. Such an element's y = (x - offset) * inv lies in [0, qmax
+  //! * (1 + 2^-21)], so t lies in [256, 512), where floats step by 2^-15: t's fraction bits are T =
+  //! (y + 1/2) * 2^15 - 3 rounded to an integer (the addition's rounding, at most 1/2), whose bits
+  //! 15-22 are the estimated code floor(y + 1/2) (at most qmax) and bits 0-14 its fraction f.
+  //! Against Enc's double value the float value of y errs by at most 3.01 * 2^-24 * |y| + 2^-48
+  //! (three float roundings, three double ones; a subnormal difference errs by 2^-150 times inv <=
+  //! 2^100), below 1.51 * 2^-15 for |y| < 256. So the double y + 1/2 lies in [T + 0.99, T + 5.01] *
+  //! 2^-15, strictly between the integers around it wherever f <= 2^15 - 6: there the code is
+  //! Enc's (no tie, and no clamp, as 0 <= code <= qmax). Where f >= 2^15 - 5 Enc decides. Scales
+  //! outside [2^-100, 2^100] (0 included) take Enc; below 2^100, x - offset <= hi - lo stays
+  //! finite (blocks holding NaN or an infinity never get here). Five operations per 8 elements,
+  //! and 10 (bfloat16: 11) per 32 to check and pack the codes (unsure, word_bytes32).
   struct Estimate {
     float offset, inv;
-    //! The rounded estimates of x, and in `worst` the largest distance to the rounding so far, as
-    //! bits (a NaN estimate, from an overflowing x - offset, above every number's).
+    static constexpr float bias = 256.5f - 3 * 0x1p-15f;
+    //! The bits of t for x, and in `worst` the largest fraction f so far. t >> 15 (t > 0: the
+    //! shift is logical) is code + 0x8700 (t's exponent field above the code).
     QCOLL_AVX2_INLINE i32x8 operator()(f32x8 x, i32x8& worst) const {
-      const f32x8 y = (x - offset) * inv;
-      const f32x8 r = __builtin_ia32_roundps256(y, 0x08);  // nearest even, no precision exception
-      worst = vmax(worst, (i32x8)(y - r) & 0x7fffffff);
-      return __builtin_ia32_cvttps2dq256(r);
+      const i32x8 t = (i32x8)((x - offset) * inv + bias);
+      worst = vmax(worst, t & 0x7fff);
+      return t;
     }
-    //! Whether some distance in `worst` is within 2^-13 of 1/2 (or NaN): then Enc decides.
+    //! Whether some fraction in `worst` is 2^15 - 5 or more: then Enc decides.
     static QCOLL_AVX2_INLINE bool unsure(i32x8 worst) {
-      const i32x8 near = worst >= static_cast<int>(fp::bits(0.5f - 0x1p-13f));
+      const i32x8 near = worst > (1 << 15) - 6;
       return !__builtin_ia32_ptestz256((i64x4)near, (i64x4)near);
     }
   };
@@ -865,6 +870,22 @@ QCOLL_AVX2_INLINE i8x32 bytes32(i32x8 c0, i32x8 c1, i32x8 c2, i32x8 c3) {
   const i16x16 lo = __builtin_ia32_packssdw256(c0, c1), hi = __builtin_ia32_packssdw256(c2, c3);
   const i32x8 b = (i32x8)(Signed ? __builtin_ia32_packsswb256(lo, hi) : __builtin_ia32_packuswb256(lo, hi));
   return in_order<Paired>(b);
+}
+
+//! The 32 code bytes of four vectors of words code + 0x8700 (Codec<AsymmetricInt>::Estimate) of
+//! elements in load16's order (Split: load16_split's), in element order: an unsigned pack to
+//! 16-bit words, their low bytes, a byte pack, then the order.
+template <bool Split>
+QCOLL_AVX2_INLINE i8x32 word_bytes32(i32x8 w0, i32x8 w1, i32x8 w2, i32x8 w3) {
+  const i16x16 lo = __builtin_ia32_packusdw256(w0, w1) & 0xff, hi = __builtin_ia32_packusdw256(w2, w3) & 0xff;
+  const i8x32 b = __builtin_ia32_packuswb256(lo, hi);
+  if constexpr (Split) {  // each 8-byte group holds four even elements, then four odd ones
+    const i8x32 odd_even{0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15,
+                         0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15};
+    return in_order<true>((i32x8)__builtin_ia32_pshufb256(b, odd_even));
+  } else {
+    return in_order<false>((i32x8)b);
+  }
 }
 
 //! Minifloat codes of 4 vectors to bytes in element order: magnitudes m0..m3 (at most 127) with
@@ -1000,6 +1021,15 @@ QCOLL_AVX2_INLINE void load16(const T* p, f32x8& a, f32x8& b) {
     a = load(p);
     b = load(p + 8);
   }
+}
+
+//! p[0, 16) of bfloat16 as floats without a shuffle (a bfloat16 is the high half of its float):
+//! a = the even elements p[0], p[2], ..., p[14], b = the odd ones.
+QCOLL_AVX2_INLINE void load16_split(const bfloat16* p, f32x8& a, f32x8& b) {
+  i32x8 v;
+  std::memcpy(&v, p, sizeof v);
+  a = (f32x8)(v << 16);
+  b = (f32x8)(v & static_cast<int>(0xffff0000u));
 }
 
 //! 32 codes as bytes in element order: p0[0, 16) scaled with e0, p1[0, 16) with e1. Clamp:
@@ -1250,7 +1280,6 @@ QCOLL_AVX2 inline unsigned encode_full_blocks(const T* const* x, std::size_t cou
   }
   // make_meta: scale = float((double(hi) - double(lo)) / qmax), inv = scale > 0 ? 1 / scale : 0
   f32x4 scale_part[2];
-  f64x4 inv_part[2];
   QCOLL_UNROLL
   for (int half4 = 0; half4 < 2; ++half4) {
     const f32x4 l4 =
@@ -1258,11 +1287,7 @@ QCOLL_AVX2 inline unsigned encode_full_blocks(const T* const* x, std::size_t cou
     const f32x4 h4 =
         half4 ? __builtin_shufflevector(hi, hi, 4, 5, 6, 7) : __builtin_shufflevector(hi, hi, 0, 1, 2, 3);
     const f64x4 span = __builtin_convertvector(h4, f64x4) - __builtin_convertvector(l4, f64x4);
-    const f32x4 sc = scale_part[half4] = __builtin_convertvector(span / double(F::qmax), f32x4);
-    const f64x4 sd = __builtin_convertvector(sc, f64x4);
-    const i64x4 pos = sd > 0.0;
-    inv_part[half4] =
-        (f64x4)((i64x4)(1.0 / (f64x4)(((i64x4)sd & pos) | ((i64x4)(f64x4{} + 1.0) & ~pos))) & pos);
+    scale_part[half4] = __builtin_convertvector(span / double(F::qmax), f32x4);
   }
   const f32x8 scale = __builtin_shufflevector(scale_part[0], scale_part[1], 0, 1, 2, 3, 4, 5, 6, 7);
   // The metas (scale, offset = lo): all eight with two stores when the group is whole (the caller
@@ -1279,40 +1304,56 @@ QCOLL_AVX2 inline unsigned encode_full_blocks(const T* const* x, std::size_t cou
       if (!(skipped & (1u << k)))
         F::store_meta(typename F::Meta{scale[k], lo[k], 0.0}, meta + k * F::meta_bytes);
   }
-  const f32x4 inv_lo = __builtin_convertvector(inv_part[0], f32x4),
-              inv_hi = __builtin_convertvector(inv_part[1], f32x4);
-  const f32x8 inv_f = __builtin_shufflevector(inv_lo, inv_hi, 0, 1, 2, 3, 4, 5, 6, 7);
   using Est = typename C::Estimate;
-  const unsigned slow = ~static_cast<unsigned>(__builtin_ia32_movmskps256(
-      (f32x8)((scale >= f32x8{} + 0x1p-100f) & (scale <= f32x8{} + 0x1p100f))));  // NaN: slow
+  const i32x8 sure = (scale >= f32x8{} + 0x1p-100f) & (scale <= f32x8{} + 0x1p100f);  // NaN: not sure
+  const unsigned slow = ~static_cast<unsigned>(__builtin_ia32_movmskps256((f32x8)sure));
+  const f32x8 inv_f = 1.0f / (f32x8)(((i32x8)scale & sure) | ((i32x8)(f32x8{} + 1.0f) & ~sure));
   const std::size_t ahead = prefetch_ahead<T>();
   for (std::size_t k = 0; k < count; ++k) {
     if (skipped & (1u << k)) continue;
     const Est est{lo[k], inv_f[k]};
     const bool fast = !(slow & (1u << k));
     const T* xk = x[k];
+    typename C::Enc enc{};  // Enc's double arithmetic, made where first needed (one division)
+    bool have_enc = false;
+    const auto exact = [&]() -> const typename C::Enc& {
+      if (!have_enc) enc = C::enc(F::meta_from(scale[k], lo[k]));
+      have_enc = true;
+      return enc;
+    };
     QCOLL_UNROLL_BLOCK
     for (std::size_t j = 0; j < F::block; j += 32) {
       prefetch_next<F>(xk + j, ahead);
-      // The float estimate, and the double arithmetic for the 32 codes where it is unsure.
       const T* p = xk + j;
       unsigned char* out = codes + k * code_bytes + j * F::code_bits / 8;
-      if (fast) {
-        f32x8 x0, x1, x2, x3;
-        load16(p, x0, x1);
-        load16(p + 16, x2, x3);
-        i32x8 worst{};
-        i8x32 b =
-            bytes32<false, paired_load<T>>(est(x0, worst), est(x1, worst), est(x2, worst), est(x3, worst));
-        if constexpr (F::qmax < 255) b = min_u8(b, F::qmax);
-        if (!Est::unsure(worst)) {
-          store_codes32<F::code_bits>(b, out);
-          continue;
-        }
+      if (!fast) {
+        const auto& e = exact();
+        store_codes32<F::code_bits>(
+            bytes32<false>(e(load(p)), e(load(p + 8)), e(load(p + 16)), e(load(p + 24))), out);
+        continue;
       }
-      const auto enc = C::enc(typename F::Meta{scale[k], lo[k], inv_part[k / 4][k % 4]});
-      store_codes32<F::code_bits>(
-          bytes32<false>(enc(load(p)), enc(load(p + 8)), enc(load(p + 16)), enc(load(p + 24))), out);
+      // The float estimate, and the double arithmetic for the vectors of 8 where it is unsure
+      // (with bfloat16 input about 1 in 12 groups of 32 of normal data: x - lo and the span of
+      // a bfloat16 block have short significands, so y often lies on k + 1/2 or within float's
+      // rounding of it, where only the double arithmetic can tell the code).
+      constexpr bool split = std::is_same<T, bfloat16>::value;
+      f32x8 v[4];
+      if constexpr (split) {
+        load16_split(p, v[0], v[1]);
+        load16_split(p + 16, v[2], v[3]);
+      } else {
+        QCOLL_UNROLL
+        for (int i = 0; i < 4; ++i) v[i] = load(p + 8 * i);
+      }
+      i32x8 t[4], worst{};
+      QCOLL_UNROLL
+      for (int i = 0; i < 4; ++i) t[i] = est(v[i], worst);
+      if (Est::unsure(worst)) {
+        QCOLL_UNROLL
+        for (int i = 0; i < 4; ++i)
+          if (Est::unsure(t[i] & 0x7fff)) t[i] = exact()(v[i]) << 15;
+      }
+      store_codes32<F::code_bits>(word_bytes32<split>(t[0] >> 15, t[1] >> 15, t[2] >> 15, t[3] >> 15), out);
     }
   }
   return skipped;
