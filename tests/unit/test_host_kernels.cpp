@@ -705,24 +705,24 @@ std::vector<T> near_ties(std::size_t blocks, unsigned seed, std::size_t every = 
     xb[0] = from_float<T>(lo);
     xb[1] = from_float<T>(hi);
     for (std::size_t i = 2; i < F::block; ++i) {
-      if ((i + b) % every != 0) {
+      T v;
+      if ((i + b) % every != 0) {  // anywhere in [lo, hi]
         const float u = (unit(rng) + 1.0f) * 0.5f;
-        const float f = to_float(from_float<T>(static_cast<float>(lo + u * (static_cast<double>(hi) - lo))));
-        xb[i] = from_float<T>(!(f >= lo) ? lo : f > hi ? hi : f);
-        continue;
-      }
-      T v = from_float<T>(static_cast<float>(lo + (code(rng) + 0.5) * static_cast<double>(scale)));
-      std::uint16_t u16;
-      std::uint32_t u32;
-      const int step = nudge(rng);
-      if constexpr (sizeof(T) == 2) {
-        std::memcpy(&u16, &v, 2);
-        u16 = static_cast<std::uint16_t>(u16 + step);
-        std::memcpy(&v, &u16, 2);
-      } else {
-        std::memcpy(&u32, &v, 4);
-        u32 = static_cast<std::uint32_t>(static_cast<std::int64_t>(u32) + step);
-        std::memcpy(&v, &u32, 4);
+        v = from_float<T>(static_cast<float>(lo + u * (static_cast<double>(hi) - lo)));
+      } else {  // 0 to 2 units in the last place from k + 1/2
+        v = from_float<T>(static_cast<float>(lo + (code(rng) + 0.5) * static_cast<double>(scale)));
+        const int step = nudge(rng);
+        if constexpr (sizeof(T) == 2) {
+          std::uint16_t u16;
+          std::memcpy(&u16, &v, 2);
+          u16 = static_cast<std::uint16_t>(u16 + step);
+          std::memcpy(&v, &u16, 2);
+        } else {
+          std::uint32_t u32;
+          std::memcpy(&u32, &v, 4);
+          u32 = static_cast<std::uint32_t>(static_cast<std::int64_t>(u32) + step);
+          std::memcpy(&v, &u32, 4);
+        }
       }
       const float f = to_float(v);
       xb[i] = from_float<T>(!(f >= lo) ? lo : f > hi ? hi : f);  // NaN (a nudged -0) too

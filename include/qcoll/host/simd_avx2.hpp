@@ -872,9 +872,9 @@ QCOLL_AVX2_INLINE i8x32 bytes32(i32x8 c0, i32x8 c1, i32x8 c2, i32x8 c3) {
   return in_order<Paired>(b);
 }
 
-//! The 32 code bytes of four vectors of words code + 0x8700 (Codec<AsymmetricInt>::Estimate) of
-//! elements in load16's order (Split: load16_split's), in element order: an unsigned pack to
-//! 16-bit words, their low bytes, a byte pack, then the order.
+//! The 32 code bytes of four vectors of words code + 0x8700 (Codec<AsymmetricInt>::Estimate) or
+//! code (Enc) of elements in load16's order (Split: load16_split's), in element order: an unsigned
+//! pack to 16-bit words, their low bytes, a byte pack, then the order.
 template <bool Split>
 QCOLL_AVX2_INLINE i8x32 word_bytes32(i32x8 w0, i32x8 w1, i32x8 w2, i32x8 w3) {
   const i16x16 lo = __builtin_ia32_packusdw256(w0, w1) & 0xff, hi = __builtin_ia32_packusdw256(w2, w3) & 0xff;
@@ -1278,7 +1278,7 @@ QCOLL_AVX2 inline unsigned encode_full_blocks(const T* const* x, std::size_t cou
     std::memcpy(&lo, l, sizeof l);
     std::memcpy(&hi, h, sizeof h);
   }
-  // make_meta: scale = float((double(hi) - double(lo)) / qmax), inv = scale > 0 ? 1 / scale : 0
+  // make_meta: scale = float((double(hi) - double(lo)) / qmax); the double inverse only where Enc runs
   f32x4 scale_part[2];
   QCOLL_UNROLL
   for (int half4 = 0; half4 < 2; ++half4) {
@@ -1305,16 +1305,17 @@ QCOLL_AVX2 inline unsigned encode_full_blocks(const T* const* x, std::size_t cou
         F::store_meta(typename F::Meta{scale[k], lo[k], 0.0}, meta + k * F::meta_bytes);
   }
   using Est = typename C::Estimate;
-  const i32x8 sure = (scale >= f32x8{} + 0x1p-100f) & (scale <= f32x8{} + 0x1p100f);  // NaN: not sure
-  const unsigned slow = ~static_cast<unsigned>(__builtin_ia32_movmskps256((f32x8)sure));
-  const f32x8 inv_f = 1.0f / (f32x8)(((i32x8)scale & sure) | ((i32x8)(f32x8{} + 1.0f) & ~sure));
+  const unsigned slow = ~static_cast<unsigned>(__builtin_ia32_movmskps256(
+      (f32x8)((scale >= f32x8{} + 0x1p-100f) & (scale <= f32x8{} + 0x1p100f))));  // NaN: slow
+  const f32x8 inv_f = 1.0f / scale;  // read only for the blocks that are not slow
   const std::size_t ahead = prefetch_ahead<T>();
   for (std::size_t k = 0; k < count; ++k) {
     if (skipped & (1u << k)) continue;
     const Est est{lo[k], inv_f[k]};
     const bool fast = !(slow & (1u << k));
     const T* xk = x[k];
-    typename C::Enc enc{};  // Enc's double arithmetic, made where first needed (one division)
+    // Enc's double arithmetic, made where a block first needs it (its inverse is a division)
+    typename C::Enc enc{};
     bool have_enc = false;
     const auto exact = [&]() -> const typename C::Enc& {
       if (!have_enc) enc = C::enc(F::meta_from(scale[k], lo[k]));
@@ -1345,15 +1346,19 @@ QCOLL_AVX2 inline unsigned encode_full_blocks(const T* const* x, std::size_t cou
         QCOLL_UNROLL
         for (int i = 0; i < 4; ++i) v[i] = load(p + 8 * i);
       }
-      i32x8 t[4], worst{};
+      i32x8 t[4], w[4], worst{};
       QCOLL_UNROLL
-      for (int i = 0; i < 4; ++i) t[i] = est(v[i], worst);
+      for (int i = 0; i < 4; ++i) {
+        t[i] = est(v[i], worst);
+        w[i] = t[i] >> 15;
+      }
       if (Est::unsure(worst)) {
+        const auto& e = exact();
         QCOLL_UNROLL
         for (int i = 0; i < 4; ++i)
-          if (Est::unsure(t[i] & 0x7fff)) t[i] = exact()(v[i]) << 15;
+          if (Est::unsure(t[i] & 0x7fff)) w[i] = e(v[i]);
       }
-      store_codes32<F::code_bits>(word_bytes32<split>(t[0] >> 15, t[1] >> 15, t[2] >> 15, t[3] >> 15), out);
+      store_codes32<F::code_bits>(word_bytes32<split>(w[0], w[1], w[2], w[3]), out);
     }
   }
   return skipped;
