@@ -378,6 +378,41 @@ TEST_CASE_TEMPLATE("block scales around the smallest normal float quantize like 
   check_scales_near_normal_min<F, bfloat16>();
 }
 
+// NVFP4's block scale is its E4M3 code's value times the message scale; the kernels take 1 /
+// scale as the encode factor where no scale of the group is a subnormal float, and the scalar
+// reciprocal (a pre-factor) otherwise. Messages whose absmax 2^top puts the block scales of a group
+// on both sides of the smallest normal float, or all above it, with E4M3 codes from normal down
+// to zero, and all-zero blocks among them (a zero scale), quantize as the portable loops do.
+template <class T>
+void check_nvfp4_scales_near_normal_min() {
+  std::mt19937_64 g(13);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  const std::size_t nb = 19;  // two full groups of 8 blocks and a partial one
+  for (int trial = 0; trial < 24; ++trial) {
+    const int top = -96 - trial;  // block scales below 2^-126 from trial 3 on
+    std::vector<T> x(nb * NvFp4::block);
+    for (std::size_t b = 0; b < nb; ++b) {
+      T* blk = x.data() + b * NvFp4::block;
+      if (b % 7 == 3) {
+        for (std::size_t i = 0; i < NvFp4::block; ++i) blk[i] = from_float<T>(i % 2 ? -0.0f : 0.0f);
+        continue;
+      }
+      // block absmax 2^top down to 2^(top - 21): E4M3 targets from 448 to below half of 2^-9
+      const float amax = std::ldexp(1.0f + u(g) / 4.0f, top - static_cast<int>(g() % 22));
+      for (std::size_t i = 0; i < NvFp4::block; ++i) blk[i] = from_float<T>(amax * u(g));
+      blk[(5 * b) % NvFp4::block] = from_float<T>(b % 2 ? -amax : amax);
+    }
+    x[1] = from_float<T>(std::ldexp(-1.25f, top));  // the message absmax
+    CAPTURE(trial);
+    CHECK(quantizes_like_portable<NvFp4>(x));
+  }
+}
+
+TEST_CASE("NVFP4 block scales around the smallest normal float quantize like the portable loops") {
+  check_nvfp4_scales_near_normal_min<float>();
+  check_nvfp4_scales_near_normal_min<bfloat16>();
+}
+
 // MX kernels scale by 2^-X in one multiplication where the scalar functions take two: the codes
 // are the same, also where the scaled value falls below the smallest normal float. Blocks with
 // absmax from 2 to 2^101 (X > 0 for most) holding values scaled to around and below 2^-126,

@@ -507,8 +507,10 @@ struct EncLanes {
 //! the code, less (max(e, emin) - emin) << mbits for normal values. The same code as the scalar
 //! function's separate normal (integer rounding) and subnormal (magic addition) paths. Clamp =
 //! false: the caller knows |y| < max_normal + half its step, which rounds to max_normal anyway.
+//! value (if not null): the value of the code, fl(|y| + m) - m (an exact subtraction), that is
+//! minifloat::decode<E> of the code without its sign.
 template <class E, bool Clamp = true>
-QCOLL_AVX2_INLINE i32x8 minifloat_magnitude(f32x8 y) {
+QCOLL_AVX2_INLINE i32x8 minifloat_magnitude(f32x8 y, f32x8* value = nullptr) {
   using Fa = minifloat::detail::Facts<E>;
   constexpr int drop = 23 - E::mbits;
   const i32x8 a = (i32x8)y & 0x7fffffff;
@@ -516,13 +518,8 @@ QCOLL_AVX2_INLINE i32x8 minifloat_magnitude(f32x8 y) {
   const i32x8 ex = vmax(u & 0x7f800000, splat(static_cast<int>(Fa::min_normal_bits)));
   const i32x8 m = ex + (drop << 23);
   const i32x8 s = (i32x8)((f32x8)u + (f32x8)m);
+  if (value) *value = (f32x8)s - (f32x8)m;
   return (s - m) + ((ex >> drop) - static_cast<int>(Fa::min_normal_bits >> drop));
-}
-
-//! minifloat::encode<E> per lane (the code in the low bits of each 32-bit lane) for y not NaN.
-template <class E>
-QCOLL_AVX2_INLINE i32x8 minifloat_encode(f32x8 y) {
-  return minifloat_magnitude<E>(y) | (i32x8)(((u32x8)y >> 31) << (E::bits - 1));
 }
 
 //! minifloat::decode<E> per lane.
@@ -676,11 +673,19 @@ struct Codec<NvFp4> : MinifloatCodec<minifloat::E2M1, true> {
   QCOLL_AVX2_INLINE static EncLanes make_enc(f32x8 amax, float message_scale, std::size_t count,
                                              unsigned char* meta) {
     const float denom = 6.0f * message_scale;
-    const f32x8 target = denom > 0.0f ? amax / denom : f32x8{};
-    const i32x8 code = minifloat_encode<minifloat::E4M3>(target);
-    store_u8_lanes(code, count, meta);
+    const f32x8 target = denom > 0.0f ? amax / denom : f32x8{};  // >= 0: its code is its magnitude's
+    f32x8 value;
+    store_u8_lanes(minifloat_magnitude<minifloat::E4M3>(target, &value), count, meta);
+    const f32x8 scale = value * message_scale;  // finite, >= 0
+    const i32x8 positive = scale > 0.0f;
     EncLanes e;
-    reciprocal_lanes(minifloat_decode<minifloat::E4M3>(code) * message_scale, e.a, e.b);
+    if (__builtin_ia32_movmskps256((f32x8)(positive & (scale < 1.17549435e-38f))) == 0) {
+      // no subnormal scale: reciprocal_lanes gives a = 1 and b = 1 / scale (0 for a zero scale)
+      e.a = f32x8{} + 1.0f;
+      e.b = (f32x8)(positive & (i32x8)(1.0f / scale));
+    } else {
+      reciprocal_lanes(scale, e.a, e.b);
+    }
     return e;
   }
   static Dec dec(const NvFp4::Meta& m) { return {m.message_scale, m.block_scale}; }
