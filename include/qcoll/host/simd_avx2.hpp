@@ -522,6 +522,25 @@ QCOLL_AVX2_INLINE i32x8 minifloat_magnitude(f32x8 y, f32x8* value = nullptr) {
   return (s - m) + ((ex >> drop) - static_cast<int>(Fa::min_normal_bits >> drop));
 }
 
+//! minifloat_magnitude<minifloat::E2M1, Clamp> with five of its ten operations floating-point ones
+//! (three in minifloat_magnitude): 1.02-1.04x faster NVFP4 and MXFP4 quantize in cache, whose loops
+//! are heavy in integer packs and shuffles, on an Intel Xeon. The code of a = |y| is
+//! RNE(g(a)) for g(a) = min(2a, a + 2, a / 2 + 4): g is linear between the values of neighbouring
+//! codes (0, 0.5, 1, 1.5, 2, 3, 4, 6 go to 0, 1, ..., 7), so a midpoint goes to c + 1/2 and its tie
+//! to the even code, as E2M1's even mantissa; beyond 6, g < 7.5 up to a = 7. Rounding is monotonic
+//! and commutes with adding even integers, so RNE(g(a)) = min(RNE(2a), RNE(a) + 2, RNE(a / 2) + 4),
+//! and each term is the bits of one IEEE addition of 2^23 + {0, 2, 4} (2a and a / 2 are exact; a
+//! subnormal a / 2 rounds, and every term of it is 0) less those of 2^23. Clamp: the minimum with 7
+//! (a >= 7, or Inf: then a term's bits are larger still); without it the caller knows a < 7.
+template <bool Clamp = true>
+QCOLL_AVX2_INLINE i32x8 e2m1_magnitude(f32x8 y) {
+  constexpr float m = 8388608.0f;  // 2^23
+  const f32x8 a = (f32x8)((i32x8)y & 0x7fffffff);
+  i32x8 r = vmin(vmin((i32x8)((a + a) + m), (i32x8)(a + (m + 2.0f))), (i32x8)(a * 0.5f + (m + 4.0f)));
+  if constexpr (Clamp) r = vmin(r, splat(0x4b000007));  // the bits of 2^23 + 7
+  return r - 0x4b000000;
+}
+
 //! minifloat::decode<E> per lane.
 template <class E>
 QCOLL_AVX2_INLINE f32x8 minifloat_decode(i32x8 code) {
@@ -621,6 +640,7 @@ struct MinifloatCodec {
     }
     template <bool Clamp = true>
     QCOLL_AVX2_INLINE i32x8 code(f32x8 y) const {
+      if constexpr (std::is_same<E, minifloat::E2M1>::value) return e2m1_magnitude<Clamp>(y);
       return minifloat_magnitude<E, Clamp>(y);
     }
   };
