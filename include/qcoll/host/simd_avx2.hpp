@@ -367,23 +367,27 @@ QCOLL_AVX2_INLINE void key_lanes(const T* x, std::size_t n, i32x8& hi, i32x8& nl
   }
 }
 
-//! Lane-wise largest |x| bits of a full block of n elements, n a multiple of 16: for float input,
+//! Lane-wise largest |x| bits of a full block of n elements, n a positive multiple of 16: for float input,
 //! eight 32-bit lanes; for half and bfloat16, sixteen 16-bit lanes (viewed as i32x8) of the
-//! 16-bit patterns (the conversion to float is exact and monotone, so it commutes with max).
+//! 16-bit patterns (the conversion to float is exact and monotone, so it commutes with max). The
+//! maxima start from the first 16 elements, not from zero (the compiler cannot tell that a maximum
+//! with zero is the value itself): a third fewer operations for a block of 16.
 template <class T>
 QCOLL_AVX2_INLINE i32x8 absmax_lanes(const T* x, std::size_t n) {
   if constexpr (sizeof(T) == 4) {
-    i32x8 m0{}, m1{};
+    i32x8 m0 = (i32x8)load(x) & 0x7fffffff, m1 = (i32x8)load(x + 8) & 0x7fffffff;
     QCOLL_UNROLL_BLOCK
-    for (std::size_t i = 0; i < n; i += 16) {
+    for (std::size_t i = 16; i < n; i += 16) {
       m0 = vmax((i32x8)load(x + i) & 0x7fffffff, m0);
       m1 = vmax((i32x8)load(x + i + 8) & 0x7fffffff, m1);
     }
     return vmax(m0, m1);
   } else {
-    i16x16 m{};
+    i16x16 m;
+    std::memcpy(&m, x, sizeof m);
+    m &= 0x7fff;
     QCOLL_UNROLL_BLOCK
-    for (std::size_t i = 0; i < n; i += 16) {
+    for (std::size_t i = 16; i < n; i += 16) {
       i16x16 v;
       std::memcpy(&v, x + i, sizeof v);
       v &= 0x7fff;
