@@ -106,14 +106,6 @@ QCOLL_AVX2_INLINE i32x8 splat(int v) { return i32x8{} + v; }
 QCOLL_AVX2_INLINE f32x8 splat_f(float v) { return f32x8{v, v, v, v, v, v, v, v}; }
 QCOLL_AVX2_INLINE i32x8 vmax(i32x8 a, i32x8 b) { return a > b ? a : b; }
 QCOLL_AVX2_INLINE i32x8 vmin(i32x8 a, i32x8 b) { return a < b ? a : b; }
-//! The unsigned bytes of v, at most m (vpminub).
-QCOLL_AVX2_INLINE i8x32 min_u8(i8x32 v, unsigned char m) {
-#if defined(__clang__)
-  return (i8x32)__builtin_elementwise_min((u8x32)v, u8x32{} + m);
-#else
-  return __builtin_ia32_pminub256(v, (i8x32)(u8x32{} + m));
-#endif
-}
 //! The unsigned bytes of v less m, saturated at 0 (vpsubusb).
 QCOLL_AVX2_INLINE i8x32 sub_sat_u8(i8x32 v, unsigned char m) {
 #if defined(__clang__)
@@ -465,12 +457,19 @@ QCOLL_AVX2_INLINE unsigned nonfinite_lanes(i32x8 v) {
   return static_cast<unsigned>(__builtin_ia32_movmskps256((f32x8)(((v & 0x7fffffff) >= 0x7f800000))));
 }
 
-//! detail::reciprocal per lane: (pre, inv) with x * pre * inv ≈ x / scale.
+//! detail::reciprocal per lane: (pre, inv) with x * pre * inv ≈ x / scale. Where no usable scale
+//! is subnormal (the common case, tested once for the eight), pre = 1 and inv = 1 / scale without
+//! the selects.
 QCOLL_AVX2_INLINE void reciprocal_lanes(f32x8 scale, f32x8& pre, f32x8& inv) {
   const i32x8 usable = (scale > 0.0f) & is_finite(scale);
-  const i32x8 tiny = scale < 1.17549435e-38f;
+  const i32x8 tiny = usable & (scale < 1.17549435e-38f);
+  if (__builtin_ia32_movmskps256((f32x8)tiny) == 0) {
+    pre = f32x8{} + 1.0f;
+    inv = (f32x8)(usable & (i32x8)(1.0f / scale));
+    return;
+  }
   const float big = 18446744073709551616.0f;  // 2^64
-  pre = sel(tiny & usable, f32x8{} + big, f32x8{} + 1.0f);
+  pre = sel(tiny, f32x8{} + big, f32x8{} + 1.0f);
   inv = sel(usable, 1.0f / sel(tiny, scale * big, scale), f32x8{});
 }
 
@@ -700,16 +699,8 @@ struct Codec<NvFp4> : MinifloatCodec<minifloat::E2M1, true> {
     const f32x8 target = denom > 0.0f ? amax / denom : f32x8{};  // >= 0: its code is its magnitude's
     f32x8 value;
     store_u8_lanes(minifloat_magnitude<minifloat::E4M3>(target, &value), count, meta);
-    const f32x8 scale = value * message_scale;  // finite, >= 0
-    const i32x8 positive = scale > 0.0f;
     EncLanes e;
-    if (__builtin_ia32_movmskps256((f32x8)(positive & (scale < 1.17549435e-38f))) == 0) {
-      // no subnormal scale: reciprocal_lanes gives a = 1 and b = 1 / scale (0 for a zero scale)
-      e.a = f32x8{} + 1.0f;
-      e.b = (f32x8)(positive & (i32x8)(1.0f / scale));
-    } else {
-      reciprocal_lanes(scale, e.a, e.b);
-    }
+    reciprocal_lanes(value * message_scale, e.a, e.b);
     return e;
   }
   static Dec dec(const NvFp4::Meta& m) { return {m.message_scale, m.block_scale}; }
