@@ -1501,14 +1501,25 @@ QCOLL_AVX2 inline void encode_full_run(const T* x, std::size_t nblocks, float me
   }
 }
 
-//! Largest |x| over the finite elements of x[0, n) (0 if none), n a multiple of 16.
+//! How far ahead absmax_finite prefetches its input, in bytes. The loop only reads, so the hardware
+//! prefetchers alone leave the memory idle between their requests; one line requested 2 KiB ahead
+//! per 64 bytes read made NVFP4's message maximum (and so its quantize, which reads the input twice)
+//! 1.03-1.08x faster with fp32 input and 1.03-1.13x with bfloat16 from memory (Intel Xeon, 64 Mi
+//! elements), 1 KiB 1.03-1.05x, 4 KiB 1.04-1.07x in some runs and 0.90-0.93x in others.
+inline constexpr std::size_t absmax_prefetch_ahead = 2048;
+
+//! Largest |x| over the finite elements of x[0, n) (0 if none), n a multiple of 16. O(n), one read
+//! of x.
 template <class T>
 QCOLL_AVX2 inline float absmax_finite(const T* x, std::size_t n) {
   // 64 bytes at a time
   constexpr std::size_t step = 64 / sizeof(T);
   i32x8 m{};
   std::size_t i = 0;
-  for (; i + step <= n; i += step) m = lane_max<sizeof(T) == 2>(m, absmax_lanes(x + i, step));
+  for (; i + step <= n; i += step) {
+    __builtin_prefetch(reinterpret_cast<const char*>(x + i) + absmax_prefetch_ahead);
+    m = lane_max<sizeof(T) == 2>(m, absmax_lanes(x + i, step));
+  }
   if (i < n) m = lane_max<sizeof(T) == 2>(m, absmax_lanes(x + i, n - i));
   const int inf = sizeof(T) == 4 ? 0x7f800000 : std::is_same<T, half>::value ? 0x7c00 : 0x7f80;
   if constexpr (sizeof(T) == 4) {
