@@ -1501,12 +1501,13 @@ QCOLL_AVX2 inline void encode_full_run(const T* x, std::size_t nblocks, float me
   }
 }
 
-//! How far ahead absmax_finite prefetches its input, in bytes. The loop only reads, so the hardware
-//! prefetchers alone leave the memory idle between their requests; one line requested 2 KiB ahead
-//! per 64 bytes read made NVFP4's message maximum (and so its quantize, which reads the input twice)
-//! 1.03-1.08x faster with fp32 input and 1.03-1.13x with bfloat16 from memory (Intel Xeon, 64 Mi
-//! elements), 1 KiB 1.03-1.05x, 4 KiB 1.04-1.07x in some runs and 0.90-0.93x in others.
-inline constexpr std::size_t absmax_prefetch_ahead = 2048;
+//! How far ahead the single-pass streaming loops (absmax_finite, convert_codes, decode_identity)
+//! prefetch their input, in bytes: the hardware prefetchers alone fall behind. In absmax_finite,
+//! one line requested 2 KiB ahead per 64 bytes read made NVFP4's message maximum (and so its
+//! quantize, which reads the input twice) 1.03-1.08x faster with fp32 input and 1.03-1.13x with
+//! bfloat16 from memory (Intel Xeon, 64 Mi elements); 1 KiB gave 1.03-1.05x, 4 KiB 1.04-1.07x in
+//! some runs and 0.90-0.93x in others.
+inline constexpr std::size_t stream_prefetch_ahead = 2048;
 
 //! Largest |x| over the finite elements of x[0, n) (0 if none), n a multiple of 16. O(n), one read
 //! of x.
@@ -1517,7 +1518,7 @@ QCOLL_AVX2 inline float absmax_finite(const T* x, std::size_t n) {
   i32x8 m{};
   std::size_t i = 0;
   for (; i + step <= n; i += step) {
-    __builtin_prefetch(reinterpret_cast<const char*>(x + i) + absmax_prefetch_ahead);
+    __builtin_prefetch(reinterpret_cast<const char*>(x + i) + stream_prefetch_ahead);
     m = lane_max<sizeof(T) == 2>(m, absmax_lanes(x + i, step));
   }
   if (i < n) m = lane_max<sizeof(T) == 2>(m, absmax_lanes(x + i, n - i));
@@ -2361,7 +2362,7 @@ QCOLL_AVX2 inline bool convert_codes(const T* in, std::size_t n, unsigned char* 
   if constexpr (sizeof(T) == 2 && sizeof(W) == 2) {  // sixteen at a time, no widening for W = T
     constexpr short inf = std::is_same<W, half>::value ? 0x7c00 : 0x7f80;
     for (; i + 16 <= n; i += 16) {
-      __builtin_prefetch(in + i + 2048 / sizeof(T));
+      __builtin_prefetch(in + i + stream_prefetch_ahead / sizeof(T));
       i16x16 t;
       std::memcpy(&t, in + i, sizeof t);
       const i16x16 h = (i16x16)narrow_codes16<T, W>(t);
@@ -2370,7 +2371,7 @@ QCOLL_AVX2 inline bool convert_codes(const T* in, std::size_t n, unsigned char* 
     }
   }
   for (; i + 8 <= n; i += 8) {
-    __builtin_prefetch(in + i + 2048 / sizeof(T));
+    __builtin_prefetch(in + i + stream_prefetch_ahead / sizeof(T));
     const f32x8 v = load_exact(in + i);
     if constexpr (std::is_same<W, float>::value) {
       bad |= ((i32x8)v & 0x7fffffff) > 0x7f7fffff;
@@ -2418,7 +2419,7 @@ QCOLL_AVX2 inline void decode_identity(const unsigned char* in, std::size_t n, V
   std::size_t i = 0;
   if constexpr (sizeof(W) == 2 && sizeof(V) == 2 && S != Sink::add) {
     for (; i + 16 <= n; i += 16) {
-      __builtin_prefetch(in + sizeof(W) * i + 2048);
+      __builtin_prefetch(in + sizeof(W) * i + stream_prefetch_ahead);
       i16x16 w;
       std::memcpy(&w, in + sizeof(W) * i, sizeof w);
       const i64x4 h = narrow_codes16<W, V>(w);
@@ -2430,7 +2431,7 @@ QCOLL_AVX2 inline void decode_identity(const unsigned char* in, std::size_t n, V
     }
   }
   for (; i + 16 <= n; i += 16) {
-    __builtin_prefetch(in + sizeof(W) * i + 2048);  // the hardware prefetchers alone fall behind
+    __builtin_prefetch(in + sizeof(W) * i + stream_prefetch_ahead);
     emit<S>(out + i, load_codes<W>(in + sizeof(W) * i), load_codes<W>(in + sizeof(W) * (i + 8)));
   }
   for (; i < n; ++i) {
