@@ -261,10 +261,11 @@ inline std::uint32_t quantize_blocks_impl(std::size_t n, Source&& src, void* out
         const BlockSource<T> s0 = src(b);
         const std::size_t end = opt.rounding == Rounding::nearest ? full_run_end<F>(src, b, nb, s0) : b;
         if (end > b) {
+          const auto redo = [&](std::size_t k) {
+            encode(b + k, BlockSource<T>{s0.ptr + k * F::block, F::block});
+          };
           avx2::encode_full_run<F>(s0.ptr, end - b, mscale, codes + b * L::block_code_bytes,
-                                   metas + b * F::meta_bytes, stream, [&](std::size_t k) {
-                                     encode(b + k, BlockSource<T>{s0.ptr + k * F::block, F::block});
-                                   });
+                                   metas + b * F::meta_bytes, stream, avx2::BlockRedo::of(redo));
           b = end;
           continue;
         }
@@ -522,21 +523,32 @@ inline void decode_message(const void* msg, std::size_t n, Sink&& sink, std::siz
       msg, n, limit, [](float v) { return v; }, sink);
 }
 
-//! Decodes values [0, limit) of a checked message of n elements into out[0, limit) as V
-//! (from_float<V> of each value), or, when Acc (V = float), adds them: out[i] = fp::add(out[i],
-//! value i). Simd: full blocks through the AVX2 kernels (the caller runs on a processor that has
-//! them), the rest through decode_block; otherwise the portable decode_message_as_impl.
-template <class F, class V, bool Acc, bool Simd = false>
-inline void decode_into_impl(const void* msg, std::size_t n, std::size_t limit, V* out) {
-  static_assert(!Acc || std::is_same<V, float>::value, "accumulation is in fp32");
-  const auto put = [out](std::size_t i, V v) {
+//! from_float<V>, as the convert step of decode_message_as.
+template <class V>
+struct ConvertTo {
+  V operator()(float v) const { return from_float<V>(v); }
+};
+
+//! The store step of decode_message_as for decode_into: out[i] = v, or (Acc) out[i] = fp::add(out[i], v).
+template <class V, bool Acc>
+struct PutInto {
+  V* out;
+  void operator()(std::size_t i, V v) const {
     if constexpr (Acc) {
       out[i] = fp::add(out[i], v);
     } else {
       out[i] = v;
     }
-  };
-  const auto convert = [](float v) { return from_float<V>(v); };
+  }
+};
+
+//! Decodes values [0, limit) of a checked message of n elements into out[0, limit) as V
+//! (from_float<V> of each value), or, when Acc (V = float), adds them: out[i] = fp::add(out[i],
+//! value i). Simd: through the AVX2 kernels (the caller runs on a processor that has them);
+//! otherwise the portable decode_message_as_impl.
+template <class F, class V, bool Acc, bool Simd = false>
+inline void decode_into_impl(const void* msg, std::size_t n, std::size_t limit, V* out) {
+  static_assert(!Acc || std::is_same<V, float>::value, "accumulation is in fp32");
 #if QCOLL_HOST_AVX2_DISPATCH
   if constexpr (Simd) {
     using L = MessageLayout<F>;
@@ -554,15 +566,24 @@ inline void decode_into_impl(const void* msg, std::size_t n, std::size_t limit, 
       avx2::decode_full_blocks<F, V, sink>(codes, metas, mscale, out, full);
     }
     if (full * F::block < limit) {
-      const std::size_t first = full * F::block;
-      decode_block<F>(codes + full * L::block_code_bytes, metas + full * F::meta_bytes, mscale, limit - first,
-                      [&](std::size_t i, float v) { put(first + i, convert(v)); });
+      // The partial last block, whole (its codes past `limit` are the message's or its zero
+      // padding), through the same kernel instance into a buffer (holding out's values first where
+      // they are added to, zeros past them), then its first `limit - first` values to out.
+      const std::size_t first = full * F::block, valid = limit - first;
+      alignas(64) unsigned char tail[F::block * sizeof(V)];
+      if constexpr (Acc) {
+        std::memcpy(tail, out + first, valid * sizeof(V));
+        std::memset(tail + valid * sizeof(V), 0, sizeof tail - valid * sizeof(V));
+      }
+      avx2::decode_full_blocks<F, V, sink>(codes + full * L::block_code_bytes, metas + full * F::meta_bytes,
+                                           mscale, reinterpret_cast<V*>(tail), 1);
+      std::memcpy(out + first, tail, valid * sizeof(V));
     }
     if (stream) avx2::fence();
   } else
 #endif
   {
-    decode_message_as_impl<F, V>(msg, n, limit, convert, put);
+    decode_message_as_impl<F, V>(msg, n, limit, ConvertTo<V>{}, PutInto<V, Acc>{out});
   }
 }
 
@@ -590,15 +611,7 @@ inline void decode_into(const void* msg, std::size_t n, std::size_t limit, V* ou
     }
   } else {
     if (avx2::supported()) {
-      return decode_message_as_avx2<F, V>(
-          msg, n, limit, [](float v) { return from_float<V>(v); },
-          [out](std::size_t i, V v) {
-            if constexpr (Acc) {
-              out[i] = fp::add(out[i], v);
-            } else {
-              out[i] = v;
-            }
-          });
+      return decode_message_as_avx2<F, V>(msg, n, limit, ConvertTo<V>{}, PutInto<V, Acc>{out});
     }
   }
 #endif

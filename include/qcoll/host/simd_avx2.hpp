@@ -618,12 +618,13 @@ QCOLL_AVX2_INLINE EncLanes mx_enc_lanes(f32x8 amax, std::size_t count, unsigned 
 //! block's Meta by enc for the range formats) and F::decode (Dec). Defined for the scaled formats;
 //! `range` says whether make_meta reads lo and hi (then encode_full_blocks runs the scalar
 //! make_meta per block); unit_a, whether make_enc always gives a = 1 (MX).
-//! Enc::scaled<One>(x) is F's scaling of x (One: the caller has checked that a == 1, so x * a is
-//! x), Enc::code<Clamp>(y) the code of a scaled value: a signed integer (signed_codes) or a
-//! minifloat magnitude (sign_from_input: its sign is the sign bit of y, added when the codes are
-//! packed). exact_scale: the block scale is fl(absmax / largest code value), and the encoding
-//! factor fl(1 / scale) (a = 1) when the scale is normal, so |y| <= largest * (1 + 3 * 2^-24),
-//! which rounds to the largest code: Clamp = false leaves out the clamp, for the same codes.
+//! Enc::scaled(x) is F's scaling x * a * b of a block whose factor a is 1 (blocks whose a is not
+//! 1, with a scale below the normal range, are left to the scalar encoder), Enc::code<Clamp>(y)
+//! the code of a scaled value: a signed integer (signed_codes) or a minifloat magnitude
+//! (sign_from_input: its sign is the sign bit of y, added when the codes are packed). exact_scale:
+//! the block scale is fl(absmax / largest code value), and the encoding factor fl(1 / scale) (a =
+//! 1) when the scale is normal, so |y| <= largest * (1 + 3 * 2^-24), which rounds to the largest
+//! code: Clamp = false leaves out the clamp, for the same codes.
 template <class F>
 struct Codec {
   static constexpr bool defined = false;
@@ -636,11 +637,8 @@ struct MinifloatCodec {
   static constexpr bool defined = true, range = false, signed_codes = false, sign_from_input = true;
   static constexpr unsigned code_bits_of = E::bits;  //!< bits of a code (the sign bit's place)
   struct Enc {
-    float a, b;
-    template <bool One>
-    QCOLL_AVX2_INLINE f32x8 scaled(f32x8 x) const {
-      return One ? x * b : x * a * b;
-    }
+    float b;
+    QCOLL_AVX2_INLINE f32x8 scaled(f32x8 x) const { return x * b; }
     template <bool Clamp = true>
     QCOLL_AVX2_INLINE i32x8 code(f32x8 y) const {
       if constexpr (std::is_same<E, minifloat::E2M1>::value) return e2m1_magnitude<Clamp>(y);
@@ -726,11 +724,8 @@ struct IntCodec {
   static constexpr bool defined = true, range = false, signed_codes = true, sign_from_input = false;
   static constexpr int q = Bits == 8 ? 127 : 7;
   struct Enc {
-    float a, b;
-    template <bool One>
-    QCOLL_AVX2_INLINE f32x8 scaled(f32x8 x) const {
-      return One ? x * b : x * a * b;
-    }
+    float b;
+    QCOLL_AVX2_INLINE f32x8 scaled(f32x8 x) const { return x * b; }
     template <bool Clamp = true>
     QCOLL_AVX2_INLINE i32x8 code(f32x8 y) const {
       if constexpr (MxScaled) {
@@ -1053,16 +1048,16 @@ QCOLL_AVX2_INLINE void load16_split(const bfloat16* p, f32x8& a, f32x8& b) {
 }
 
 //! 32 codes as bytes in element order: p0[0, 16) scaled with e0, p1[0, 16) with e1. Clamp:
-//! Enc::code's (false only where exact_scale and One).
-template <class C, bool One, bool Clamp, class T>
+//! Enc::code's (false only where exact_scale).
+template <class C, bool Clamp, class T>
 QCOLL_AVX2_INLINE i8x32 codes32(const typename C::Enc& e0, const typename C::Enc& e1, const T* p0,
                                 const T* p1) {
-  static_assert(Clamp || (One && C::exact_scale), "the clamp can only be left out for normal exact scales");
+  static_assert(Clamp || C::exact_scale, "the clamp can only be left out for normal exact scales");
   f32x8 x0, x1, x2, x3;
   load16(p0, x0, x1);
   load16(p1, x2, x3);
-  const f32x8 y0 = e0.template scaled<One>(x0), y1 = e0.template scaled<One>(x1);
-  const f32x8 y2 = e1.template scaled<One>(x2), y3 = e1.template scaled<One>(x3);
+  const f32x8 y0 = e0.scaled(x0), y1 = e0.scaled(x1);
+  const f32x8 y2 = e1.scaled(x2), y3 = e1.scaled(x3);
   const i32x8 c0 = e0.template code<Clamp>(y0), c1 = e0.template code<Clamp>(y1);
   const i32x8 c2 = e1.template code<Clamp>(y2), c3 = e1.template code<Clamp>(y3);
   if constexpr (C::sign_from_input) {
@@ -1178,20 +1173,21 @@ struct Mx16 {
 };
 
 //! The encode pass of encode_full_run: blocks k < count (at x[k]) whose factors are lanes k of
-//! `lanes`. One (every a factor is 1: for formats with exact_scale, every block scale is then
-//! normal, zero or unusable) lets those formats leave out the clamp, in groups of several blocks.
-//! Groups of one block (2048 elements or more) keep it: there the shorter loop made quantize from
-//! memory slower (int8 and int4 at block 2048, fp32 and bf16 input, 1 GiB: 5-10%), though 25-30%
-//! faster in cache. ahead: prefetch_ahead<T>(). side: NoSide, or (blocks of 128 elements and more)
-//! AbsmaxSide, which gathers the next group's statistics on the way: side.chunk for the elements of
-//! block k that match those encoded, side.put once per block.
-template <class F, bool One, class T, class Side>
+//! `lanes`, encoded as if every a factor were 1 (group_meta_of hands the other blocks back). For
+//! formats with exact_scale every block scale is then normal, zero or unusable, so that they leave
+//! out the clamp, in groups of several blocks. Groups of one block (2048 elements or more) keep it:
+//! there the shorter loop made quantize from memory slower (int8 and int4 at block 2048, fp32 and
+//! bf16 input, 1 GiB: 5-10%), though 25-30% faster in cache. ahead: prefetch_ahead<T>(). side:
+//! NoSide, or (blocks of 128 elements and more) AbsmaxSide, which gathers the next group's
+//! statistics on the way: side.chunk for the elements of block k that match those encoded,
+//! side.put once per block.
+template <class F, class T, class Side>
 QCOLL_AVX2_INLINE void encode_group(const T* const* x, std::size_t count, const EncLanes& lanes,
                                     unsigned char* codes, bool stream, std::size_t ahead, Side&& side) {
   using C = Codec<F>;
   using Enc = typename C::Enc;
   constexpr std::size_t code_bytes = F::block * F::code_bits / 8;
-  constexpr bool clamp = !(One && C::exact_scale) || group_blocks<F>() == 1;
+  constexpr bool clamp = !C::exact_scale || group_blocks<F>() == 1;
   if constexpr (mx_16<F, T>::value) {
     // 16-bit patterns (Mx16) where they serve, in a loop of its own; then codes32 for
     // the blocks they do not
@@ -1212,35 +1208,43 @@ QCOLL_AVX2_INLINE void encode_group(const T* const* x, std::size_t count, const 
     }
     for (; wide != 0; wide &= wide - 1) {
       const std::size_t k = static_cast<std::size_t>(__builtin_ctz(wide));
-      const Enc e{lanes.a[k], lanes.b[k]};
-      store_codes32<8>(codes32<C, One, clamp>(e, e, x[k], x[k] + 16), codes + k * code_bytes, stream);
+      const Enc e{lanes.b[k]};
+      store_codes32<8>(codes32<C, clamp>(e, e, x[k], x[k] + 16), codes + k * code_bytes, stream);
     }
   } else if constexpr (F::block == 16) {  // two blocks per 32 codes
     for (std::size_t k = 0; k < count; k += 2) {
-      const Enc e0{lanes.a[k], lanes.b[k]};
+      const Enc e0{lanes.b[k]};
       unsigned char* out = codes + k * code_bytes;
       prefetch_next<F>(x[k], ahead);
       if (k + 1 < count) {
-        const Enc e1{lanes.a[k + 1], lanes.b[k + 1]};
-        store_codes32<F::code_bits>(codes32<C, One, clamp>(e0, e1, x[k], x[k + 1]), out, stream);
+        const Enc e1{lanes.b[k + 1]};
+        store_codes32<F::code_bits>(codes32<C, clamp>(e0, e1, x[k], x[k + 1]), out, stream);
       } else {
         alignas(32) unsigned char tmp[32];  // the last block alone: its codes twice, the first kept
-        store_codes32<F::code_bits>(codes32<C, One, clamp>(e0, e0, x[k], x[k]), tmp);
+        store_codes32<F::code_bits>(codes32<C, clamp>(e0, e0, x[k], x[k]), tmp);
         std::memcpy(out, tmp, code_bytes);
       }
     }
   } else {
+    // 64 elements per iteration where the block has them, unrolled here: the compiler's own
+    // unrolling of the 32-element loop depended on its size estimate, and so differed from one
+    // instance to the next. From memory (Intel Xeon, 64 Mi elements, side by side): left rolled,
+    // int4 at block 2048 (fp32 input) ran 5% slower; 128 elements per iteration left FP8 at block
+    // 2048 with bfloat16 input 2-10% slower; 64 measured level with both.
+    constexpr std::size_t step = F::block >= 64 ? 64 : 32;
     for (std::size_t k = 0; k < count; ++k) {
-      const Enc e{lanes.a[k], lanes.b[k]};
+      const Enc e{lanes.b[k]};
       const T* xk = x[k];
       unsigned char* ck = codes + k * code_bytes;
       i32x8 m{};
-      QCOLL_UNROLL_BLOCK
-      for (std::size_t j = 0; j < F::block; j += 32) {
-        prefetch_next<F>(xk + j, ahead);
-        m = lane_max<sizeof(T) == 2>(m, side.chunk(k, j, 32));
-        store_codes32<F::code_bits>(codes32<C, One, clamp>(e, e, xk + j, xk + j + 16),
-                                    ck + j * F::code_bits / 8, stream);
+      for (std::size_t j0 = 0; j0 < F::block; j0 += step) {
+        QCOLL_UNROLL
+        for (std::size_t j = j0; j < j0 + step; j += 32) {
+          prefetch_next<F>(xk + j, ahead);
+          m = lane_max<sizeof(T) == 2>(m, side.chunk(k, j, 32));
+          store_codes32<F::code_bits>(codes32<C, clamp>(e, e, xk + j, xk + j + 16), ck + j * F::code_bits / 8,
+                                      stream);
+        }
       }
       side.put(k, m);
     }
@@ -1384,12 +1388,24 @@ QCOLL_AVX2 inline unsigned encode_full_blocks(const T* const* x, std::size_t cou
   return skipped;
 }
 
-//! Statistics and metas of one group of encode_full_run: its blocks' encode factors and the
-//! blocks holding NaN or ±Inf.
+//! A callback by reference: fn(ctx, k), made by of(f) for a callable f (which must outlive it) as
+//! f(k). encode_full_run takes its callback so, so that one instance serves every caller.
+struct BlockRedo {
+  void (*fn)(const void*, std::size_t);
+  const void* ctx;
+  void operator()(std::size_t k) const { fn(ctx, k); }
+  template <class Fn>
+  static BlockRedo of(const Fn& f) {
+    return {[](const void* c, std::size_t k) { (*static_cast<const Fn*>(c))(k); }, &f};
+  }
+};
+
+//! Statistics and metas of one group of encode_full_run: its blocks' encode factors, and the
+//! blocks the kernels leave to the scalar encoder (bit k for block k): those holding NaN or ±Inf,
+//! and those whose a factor is not 1 (a block scale below the normal range).
 struct GroupMeta {
   EncLanes lanes;
   unsigned skipped;
-  bool one;  //!< every block's a factor is 1
 };
 
 //! The metas of a group of `count` blocks from their absmax_lanes (block k's in part[tree_slot(k)],
@@ -1400,9 +1416,11 @@ QCOLL_AVX2_INLINE GroupMeta group_meta_of(const i32x8* part, std::size_t count, 
   using C = Codec<F>;
   const i32x8 amax = max_tree<T>(part);
   GroupMeta g;
-  g.skipped = nonfinite_lanes(amax) & ((1u << count) - 1u);
   g.lanes = C::make_enc((f32x8)amax, message_scale, count, meta);
-  g.one = C::unit_a || __builtin_ia32_movmskps256((f32x8)(g.lanes.a != 1.0f)) == 0;
+  unsigned skipped = nonfinite_lanes(amax);
+  if constexpr (!C::unit_a)
+    skipped |= static_cast<unsigned>(__builtin_ia32_movmskps256((f32x8)(g.lanes.a != 1.0f)));
+  g.skipped = skipped & ((1u << count) - 1u);
   return g;
 }
 
@@ -1429,18 +1447,24 @@ struct NoSide {
   QCOLL_AVX2_INLINE void put(std::size_t, i32x8) const {}
 };
 
-//! What encode_group does besides the codes: the statistics of the next group of F's blocks (at
-//! next, as many as in the group encoded), gathered while the codes are computed. chunk(k, j, n):
-//! absmax_lanes of the next group's block k, elements j to j + n (n a multiple of 16); put(k, m):
-//! m (the lane-wise max of block k's chunks) into part[tree_slot(k)], for group_meta_of.
+//! What encode_group does besides the codes: the statistics of the next group of F's blocks (its
+//! `count` blocks at next; none at the end of a run), gathered while the codes are computed.
+//! chunk(k, j, n): absmax_lanes of the next group's block k, elements j to j + n (n a multiple of
+//! 16), or for k >= count of the encoded group's first block at `here` (in L1; put drops it), so
+//! that one loop serves every group. put(k, m): m (the lane-wise max of block k's chunks) into
+//! part[tree_slot(k)] for k < count; the other slots stay zero, as group_meta_of takes them.
 template <class F, class T>
 struct AbsmaxSide {
   const T* next;
+  std::size_t count;
+  const T* here;
   i32x8 part[8];
   QCOLL_AVX2_INLINE i32x8 chunk(std::size_t k, std::size_t j, std::size_t n) const {
-    return absmax_lanes(next + k * F::block + j, n);
+    return absmax_lanes((k < count ? next + k * F::block : here) + j, n);
   }
-  QCOLL_AVX2_INLINE void put(std::size_t k, i32x8 m) { part[tree_slot(k)] = m; }
+  QCOLL_AVX2_INLINE void put(std::size_t k, i32x8 m) {
+    if (k < count) part[tree_slot(k)] = m;
+  }
 };
 
 //! encode_group for the `count` consecutive blocks at x of the group g.
@@ -1449,11 +1473,7 @@ QCOLL_AVX2_INLINE void encode_group_at(const T* x, std::size_t count, const Grou
                                        unsigned char* codes, bool stream, std::size_t ahead, Side& side) {
   const T* ptr[group_blocks<F>()];
   for (std::size_t k = 0; k < count; ++k) ptr[k] = x + k * F::block;
-  if (g.one) {  // always for unit_a (group_meta)
-    encode_group<F, true>(ptr, count, g.lanes, codes, stream, ahead, side);
-  } else if constexpr (!Codec<F>::unit_a) {
-    encode_group<F, false>(ptr, count, g.lanes, codes, stream, ahead, side);
-  }
+  encode_group<F>(ptr, count, g.lanes, codes, stream, ahead, side);
 }
 
 //! Encodes `nblocks` full blocks that follow each other in memory from x with nearest rounding,
@@ -1468,12 +1488,14 @@ QCOLL_AVX2_INLINE void encode_group_at(const T* x, std::size_t count, const Grou
 //! running as a pass of their own: quantize from memory 12-46% faster (int8, int4, FP8 at blocks
 //! 128 to 2048, fp32 input; 2-13% with 16-bit input), no slower in cache. At blocks 32 and 64 it
 //! was 10-28% slower in cache and no faster from memory, so they keep the pass. Calls redo(k)
-//! after the group of block k for each block k holding NaN or ±Inf (its codes and meta bytes
-//! unspecified until then). F without range statistics only. stream: codes written with
-//! non-temporal stores where they are 8 bits (codes 16-byte aligned; the caller fences).
-template <class F, class T, class Redo>
+//! after the group of block k for each block k that GroupMeta::skipped names (NaN or ±Inf, or a
+//! scale below the normal range; its codes and meta bytes unspecified until then). F without range
+//! statistics only. stream: codes written with non-temporal stores where they are 8 bits (codes
+//! 16-byte aligned; the caller fences). One instance per (F, T), whatever the caller's redo.
+template <class F, class T>
 QCOLL_AVX2 inline void encode_full_run(const T* x, std::size_t nblocks, float message_scale,
-                                       unsigned char* codes, unsigned char* meta, bool stream, Redo&& redo) {
+                                       unsigned char* codes, unsigned char* meta, bool stream,
+                                       BlockRedo redo) {
   static_assert(!Codec<F>::range, "range formats go through encode_full_blocks");
   constexpr std::size_t G = group_blocks<F>();
   constexpr std::size_t code_bytes = F::block * F::code_bits / 8;
@@ -1485,15 +1507,16 @@ QCOLL_AVX2 inline void encode_full_run(const T* x, std::size_t nblocks, float me
     const GroupMeta cur = next;
     const T* xg = x + b * F::block;
     unsigned char* cg = codes + b * code_bytes;
-    if (F::block >= 128 && b + 2 * G <= nblocks) {
-      // a full group follows: its statistics inside this group's encoding
-      AbsmaxSide<F, T> side{xg + G * F::block, {}};
-      encode_group_at<F>(xg, G, cur, cg, stream, ahead, side);
-      next = group_meta_of<F, T>(side.part, G, message_scale, meta + (b + G) * F::meta_bytes);
+    const std::size_t next_count = b + G < nblocks ? group_count(b + G) : 0;
+    if constexpr (F::block >= 128) {
+      // the next group's statistics inside this group's encoding
+      AbsmaxSide<F, T> side{next_count > 0 ? xg + G * F::block : xg, next_count, xg, {}};
+      encode_group_at<F>(xg, G == 1 ? 1 : group_count(b), cur, cg, stream, ahead, side);
+      if (next_count > 0)
+        next = group_meta_of<F, T>(side.part, next_count, message_scale, meta + (b + G) * F::meta_bytes);
     } else {
-      if (b + G < nblocks)  // the next group's metas first, overlapping their latency with this group's codes
-        next = group_meta<F>(xg + G * F::block, group_count(b + G), message_scale,
-                             meta + (b + G) * F::meta_bytes);
+      if (next_count > 0)  // the next group's metas first, overlapping their latency with this group's codes
+        next = group_meta<F>(xg + G * F::block, next_count, message_scale, meta + (b + G) * F::meta_bytes);
       NoSide none;
       encode_group_at<F>(xg, group_count(b), cur, cg, stream, ahead, none);
     }
@@ -1749,25 +1772,33 @@ QCOLL_AVX2_INLINE void decode_codes(const Dec& dec, const DecodeTable<F>& table,
     decode_nibbles<F::block, S>(words, codes, out);
     return;
   }
-  QCOLL_UNROLL_BLOCK
-  for (std::size_t j = 0; j < F::block; j += 16) {
-    __builtin_prefetch(codes + j * F::code_bits / 8 + 1024);  // the hardware prefetchers alone fall behind
-    if constexpr (mx_via_half<F>::value) {
-      using E = typename Codec<F>::Element;
-      f32x8 v0, v1;
-      if constexpr (F::code_bits == 8) {
-        fp8_as_half<E>(codes + j, v0, v1);
+  // Four 16-element steps per iteration, unrolled here, in the instance that decodes most blocks
+  // (not saturating; NaN-free where the outputs are 16-bit): the compiler's own unrolling depended
+  // on its size estimates, so that some instances were unrolled and others not. The instances for
+  // the rare blocks (large scales, NaN or ±Inf) take one step per iteration, for less code.
+  constexpr bool main_instance = !Sat && (NanFree || sizeof(V) == 4);
+  constexpr std::size_t step = main_instance && F::block >= 64 ? 64 : 16;
+  for (std::size_t j0 = 0; j0 < F::block; j0 += step) {
+    QCOLL_UNROLL
+    for (std::size_t j = j0; j < j0 + step; j += 16) {
+      __builtin_prefetch(codes + j * F::code_bits / 8 + 1024);  // the hardware prefetchers alone fall behind
+      if constexpr (mx_via_half<F>::value) {
+        using E = typename Codec<F>::Element;
+        f32x8 v0, v1;
+        if constexpr (F::code_bits == 8) {
+          fp8_as_half<E>(codes + j, v0, v1);
+        } else {
+          fp6_as_half<E, F::block * 6 / 8>(codes, j, v0, v1);
+        }
+        emit<S, NanFree>(out + j, dec.template scaled<Sat>(half_value<E>(v0)),
+                         dec.template scaled<Sat>(half_value<E>(v1)));
       } else {
-        fp6_as_half<E, F::block * 6 / 8>(codes, j, v0, v1);
-      }
-      emit<S, NanFree>(out + j, dec.template scaled<Sat>(half_value<E>(v0)),
-                       dec.template scaled<Sat>(half_value<E>(v1)));
-    } else {
-      const i32x8 c0 = unpack8<F::code_bits, sx>(codes, j), c1 = unpack8<F::code_bits, sx>(codes, j + 8);
-      if constexpr (looks_up<Codec<F>>::value) {
-        emit<S, NanFree>(out + j, dec.template scaled<Sat>(table(c0)), dec.template scaled<Sat>(table(c1)));
-      } else {
-        emit<S, NanFree>(out + j, dec.template apply<Sat>(c0), dec.template apply<Sat>(c1));
+        const i32x8 c0 = unpack8<F::code_bits, sx>(codes, j), c1 = unpack8<F::code_bits, sx>(codes, j + 8);
+        if constexpr (looks_up<Codec<F>>::value) {
+          emit<S, NanFree>(out + j, dec.template scaled<Sat>(table(c0)), dec.template scaled<Sat>(table(c1)));
+        } else {
+          emit<S, NanFree>(out + j, dec.template apply<Sat>(c0), dec.template apply<Sat>(c1));
+        }
       }
     }
   }
@@ -2296,18 +2327,17 @@ QCOLL_AVX2 inline void decode_full_blocks(const unsigned char* codes, const unsi
       if (k == count) break;
     }
     const auto dec = Codec<F>::dec(F::load_meta(meta + k * F::meta_bytes, message_scale));
-    // NanFree matters to 16-bit outputs only (fp32 outputs keep one instantiation per Sat).
+    // Three instances: saturating (for codes that can be NaN or ±Inf, every finite scale; else
+    // scales of 2^100 and more), not saturating with NaN-free values (what NanFree speeds up, for
+    // 16-bit outputs; fp32 outputs keep one instance), and not saturating. The saturating instance
+    // takes NaN-free blocks too (the NaN fix-up then changes nothing): rare ones, for one instance less.
     constexpr bool narrow16_out = sizeof(V) == 2;
     const unsigned char* c = codes + k * code_bytes;
     V* o = out + k * F::block;
-    if (narrow16_out && dec.nan_free()) {
-      if (dec.saturates()) {
-        decode_codes<F, S, true, narrow16_out>(dec, table, c, o);
-      } else {
-        decode_codes<F, S, false, narrow16_out>(dec, table, c, o);
-      }
-    } else if (dec.saturates()) {
+    if (dec.saturates()) {
       decode_codes<F, S, true, false>(dec, table, c, o);
+    } else if (narrow16_out && dec.nan_free()) {
+      decode_codes<F, S, false, narrow16_out>(dec, table, c, o);
     } else {
       decode_codes<F, S, false, false>(dec, table, c, o);
     }
