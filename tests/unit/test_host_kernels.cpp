@@ -354,12 +354,12 @@ struct LargestCode<Fp8Scaled<E, K>> {
   static constexpr float value = E::max_normal;
 };
 
-// Where every block scale of a group of several blocks is a normal float, the kernels of these
-// formats encode without clamping the scaled values (|x / scale| cannot round past the largest
-// code); groups of one block (2048 elements) clamp, and must give the same bytes too. Groups of
-// scales just above the smallest normal float (even trials) and groups mixing normal and
-// subnormal scales (odd trials), each block holding ±absmax and its neighbour below, quantize as
-// the portable loops do.
+// Where every block scale of a group is a normal float, the kernels of these formats encode
+// without clamping the scaled values (|x / scale| cannot round past the largest code), in groups
+// of several blocks (block 32) as in groups of one (block 2048); blocks with a subnormal scale go
+// to the scalar encoder. Groups of scales just above the smallest normal float (even trials) and
+// groups mixing normal and subnormal scales (odd trials), each block holding ±absmax and its
+// neighbour below, quantize as the portable loops do.
 template <class F, class T>
 void check_scales_near_normal_min() {
   const float q = LargestCode<F>::value;
