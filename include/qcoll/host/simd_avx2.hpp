@@ -1047,12 +1047,12 @@ QCOLL_AVX2_INLINE void load16_split(const bfloat16* p, f32x8& a, f32x8& b) {
   b = (f32x8)(v & static_cast<int>(0xffff0000u));
 }
 
-//! 32 codes as bytes in element order: p0[0, 16) scaled with e0, p1[0, 16) with e1. Clamp:
-//! Enc::code's (false only where exact_scale).
-template <class C, bool Clamp, class T>
+//! 32 codes as bytes in element order: p0[0, 16) scaled with e0, p1[0, 16) with e1, blocks whose
+//! a factor is 1 (encode_group). Formats with exact_scale leave out Enc::code's clamp (see Codec).
+template <class C, class T>
 QCOLL_AVX2_INLINE i8x32 codes32(const typename C::Enc& e0, const typename C::Enc& e1, const T* p0,
                                 const T* p1) {
-  static_assert(Clamp || C::exact_scale, "the clamp can only be left out for normal exact scales");
+  constexpr bool Clamp = !C::exact_scale;
   f32x8 x0, x1, x2, x3;
   load16(p0, x0, x1);
   load16(p1, x2, x3);
@@ -1174,22 +1174,20 @@ struct Mx16 {
 
 //! The encode pass of encode_full_run: blocks k < count (at x[k]) whose factors are lanes k of
 //! `lanes`, encoded as if every a factor were 1 (group_meta_of hands the other blocks back). For
-//! formats with exact_scale every block scale is then normal, zero or unusable, so that they leave
-//! out the clamp. Groups of one block (2048 elements or more) kept it while the compiler unrolled
-//! their loop or not by its own estimate (the shorter loop was then 5-10% slower from memory); with
-//! the loop unrolled in the source, leaving it out made quantize at block 2048 1.01-1.13x faster
-//! from memory (int8, int4, e4m3; fp32 and bf16 input; 64 Mi elements) and 1.03-1.48x in cache
-//! (Intel Xeon). ahead: prefetch_ahead<T>(). side:
-//! NoSide, or (blocks of 128 elements and more) AbsmaxSide, which gathers the next group's
-//! statistics on the way: side.chunk for the elements of block k that match those encoded,
-//! side.put once per block.
+//! formats with exact_scale every block scale is then normal, zero or unusable, so that codes32
+//! leaves out the clamp. Groups of one block (2048 elements or more) kept it while the compiler
+//! unrolled their loop or not by its own estimate (the shorter loop was then 5-10% slower from
+//! memory); with the loop unrolled in the source, leaving it out made quantize at block 2048
+//! 1.01-1.13x faster from memory (int8, int4, e4m3; fp32 and bf16 input; 64 Mi elements) and
+//! 1.03-1.48x in cache (Intel Xeon). ahead: prefetch_ahead<T>(). side: NoSide, or (blocks of 128
+//! elements and more) AbsmaxSide, which gathers the next group's statistics on the way: side.chunk
+//! for the elements of block k that match those encoded, side.put once per block.
 template <class F, class T, class Side>
 QCOLL_AVX2_INLINE void encode_group(const T* const* x, std::size_t count, const EncLanes& lanes,
                                     unsigned char* codes, bool stream, std::size_t ahead, Side&& side) {
   using C = Codec<F>;
   using Enc = typename C::Enc;
   constexpr std::size_t code_bytes = F::block * F::code_bits / 8;
-  constexpr bool clamp = !C::exact_scale;
   if constexpr (mx_16<F, T>::value) {
     // 16-bit patterns (Mx16) where they serve, in a loop of its own; then codes32 for
     // the blocks they do not
@@ -1211,7 +1209,7 @@ QCOLL_AVX2_INLINE void encode_group(const T* const* x, std::size_t count, const 
     for (; wide != 0; wide &= wide - 1) {
       const std::size_t k = static_cast<std::size_t>(__builtin_ctz(wide));
       const Enc e{lanes.b[k]};
-      store_codes32<8>(codes32<C, clamp>(e, e, x[k], x[k] + 16), codes + k * code_bytes, stream);
+      store_codes32<8>(codes32<C>(e, e, x[k], x[k] + 16), codes + k * code_bytes, stream);
     }
   } else if constexpr (F::block == 16) {  // two blocks per 32 codes
     for (std::size_t k = 0; k < count; k += 2) {
@@ -1220,10 +1218,10 @@ QCOLL_AVX2_INLINE void encode_group(const T* const* x, std::size_t count, const 
       prefetch_next<F>(x[k], ahead);
       if (k + 1 < count) {
         const Enc e1{lanes.b[k + 1]};
-        store_codes32<F::code_bits>(codes32<C, clamp>(e0, e1, x[k], x[k + 1]), out, stream);
+        store_codes32<F::code_bits>(codes32<C>(e0, e1, x[k], x[k + 1]), out, stream);
       } else {
         alignas(32) unsigned char tmp[32];  // the last block alone: its codes twice, the first kept
-        store_codes32<F::code_bits>(codes32<C, clamp>(e0, e0, x[k], x[k]), tmp);
+        store_codes32<F::code_bits>(codes32<C>(e0, e0, x[k], x[k]), tmp);
         std::memcpy(out, tmp, code_bytes);
       }
     }
@@ -1244,7 +1242,7 @@ QCOLL_AVX2_INLINE void encode_group(const T* const* x, std::size_t count, const 
         for (std::size_t j = j0; j < j0 + step; j += 32) {
           prefetch_next<F>(xk + j, ahead);
           m = lane_max<sizeof(T) == 2>(m, side.chunk(k, j, 32));
-          store_codes32<F::code_bits>(codes32<C, clamp>(e, e, xk + j, xk + j + 16), ck + j * F::code_bits / 8,
+          store_codes32<F::code_bits>(codes32<C>(e, e, xk + j, xk + j + 16), ck + j * F::code_bits / 8,
                                       stream);
         }
       }
@@ -1513,7 +1511,7 @@ QCOLL_AVX2 inline void encode_full_run(const T* x, std::size_t nblocks, float me
     if constexpr (F::block >= 128) {
       // the next group's statistics inside this group's encoding
       AbsmaxSide<F, T> side{next_count > 0 ? xg + G * F::block : xg, next_count, xg, {}};
-      encode_group_at<F>(xg, G == 1 ? 1 : group_count(b), cur, cg, stream, ahead, side);
+      encode_group_at<F>(xg, group_count(b), cur, cg, stream, ahead, side);
       if (next_count > 0)
         next = group_meta_of<F, T>(side.part, next_count, message_scale, meta + (b + G) * F::meta_bytes);
     } else {
@@ -2330,10 +2328,11 @@ QCOLL_AVX2 inline void decode_full_blocks(const unsigned char* codes, const unsi
       if (k == count) break;
     }
     const auto dec = Codec<F>::dec(F::load_meta(meta + k * F::meta_bytes, message_scale));
-    // Three instances: saturating (for codes that can be NaN or ±Inf, every finite scale; else
-    // scales of 2^100 and more), not saturating with NaN-free values (what NanFree speeds up, for
-    // 16-bit outputs; fp32 outputs keep one instance), and not saturating. The saturating instance
-    // takes NaN-free blocks too (the NaN fix-up then changes nothing): rare ones, for one instance less.
+    // Instances: saturating (for codes that can be NaN or ±Inf, every finite scale; else scales of
+    // 2^100 and more), not saturating with NaN-free values (NanFree speeds up 16-bit outputs only,
+    // so fp32 outputs go to the next one), and not saturating: three for 16-bit outputs, two for
+    // fp32. The saturating instance takes NaN-free blocks too (the NaN fix-up then changes
+    // nothing): rare blocks, for one instance less.
     constexpr bool narrow16_out = sizeof(V) == 2;
     const unsigned char* c = codes + k * code_bytes;
     V* o = out + k * F::block;
