@@ -325,6 +325,23 @@ bool quantizes_like_portable(const std::vector<T>& x) {
   return got == want;
 }
 
+TEST_CASE_TEMPLATE("fp32 runs read as two streams quantize like the portable loops", F, NvFp4, Int8<32>,
+                   Int4<64>, MxFp6E2M3) {
+  // A run of full blocks past the size from which the kernels read fp32 input as two streams (the
+  // run's halves in turns), an odd count of full blocks (the last turn takes the one left over) and
+  // a partial last block; blocks handed back to the scalar encoder in both halves: non-finite ones
+  // (specials) and ones whose scale is below the normal range (subnormal input).
+  const std::size_t n = (std::size_t{1} << 18) + 3 * F::block + 5;
+#if QCOLL_HOST_AVX2_DISPATCH
+  static_assert(host::detail::avx2::two_stream_run_bytes <= (std::size_t{1} << 18) * sizeof(float),
+                "the run reaches the two-stream size");
+#endif
+  for (Kind kind : {Kind::specials, Kind::subnormal, Kind::gaussian}) {
+    CAPTURE(static_cast<int>(kind));
+    CHECK(quantizes_like_portable<F>(make_input<float>(kind, n, F::block, 11)));
+  }
+}
+
 // From block 128 on, the kernels gather a group's statistics while they encode the group before
 // it; the sizes of the first test case reach that only at blocks 1024 and larger. 17 blocks and a
 // partial one: two full groups and more (groups hold at most 8 blocks), of every input kind (NaN and
