@@ -511,8 +511,10 @@ struct EncLanes {
 //! function's separate normal (integer rounding) and subnormal (magic addition) paths. Clamp =
 //! false: the caller knows |y| < max_normal + half its step, which rounds to max_normal anyway.
 //! value (if not null): the value of the code, fl(|y| + m) - m (an exact subtraction), that is
-//! minifloat::decode<E> of the code without its sign.
-template <class E, bool Clamp = true>
+//! minifloat::decode<E> of the code without its sign. Biased: the code plus
+//! minifloat_code_bias<E>() (one operation fewer per eight codes; codes32 takes the bias off once
+//! per sixteen, after its first pack).
+template <class E, bool Clamp = true, bool Biased = false>
 QCOLL_AVX2_INLINE i32x8 minifloat_magnitude(f32x8 y, f32x8* value = nullptr) {
   using Fa = minifloat::detail::Facts<E>;
   constexpr int drop = 23 - E::mbits;
@@ -522,25 +524,32 @@ QCOLL_AVX2_INLINE i32x8 minifloat_magnitude(f32x8 y, f32x8* value = nullptr) {
   const i32x8 m = ex + (drop << 23);
   const i32x8 s = (i32x8)((f32x8)u + (f32x8)m);
   if (value) *value = (f32x8)s - (f32x8)m;
+  if constexpr (Biased) return (s - m) + (ex >> drop);
   return (s - m) + ((ex >> drop) - static_cast<int>(Fa::min_normal_bits >> drop));
 }
 
-//! minifloat_magnitude<minifloat::E2M1, Clamp> with five of its ten operations floating-point ones
-//! (three in minifloat_magnitude): 1.02-1.04x faster NVFP4 and MXFP4 quantize in cache, whose loops
-//! are heavy in integer packs and shuffles, on an Intel Xeon. The code of a = |y| is
-//! RNE(g(a)) for g(a) = min(2a, a + 2, a / 2 + 4): g is linear between the values of neighbouring
-//! codes (0, 0.5, 1, 1.5, 2, 3, 4, 6 go to 0, 1, ..., 7), so a midpoint goes to c + 1/2 and its tie
-//! to the even code, as E2M1's even mantissa; beyond 6, g < 7.5 up to a = 7. Rounding is monotonic
-//! and commutes with adding even integers, so RNE(g(a)) = min(RNE(2a), RNE(a) + 2, RNE(a / 2) + 4),
-//! and each term is the bits of one IEEE addition of 2^23 + {0, 2, 4} (2a and a / 2 are exact; a
-//! subnormal a / 2 rounds, and every term of it is 0) less those of 2^23. Clamp: the minimum with 7
-//! (a >= 7, or Inf: then a term's bits are larger still); without it the caller knows a < 7.
-template <bool Clamp = true>
+//! What minifloat_magnitude<E, Clamp, true> adds to each code: the bits of 2^emin shifted as the
+//! codes' exponents are (at most 1016, so that a biased code fits a 16-bit lane).
+template <class E>
+constexpr int minifloat_code_bias() {
+  return static_cast<int>(minifloat::detail::Facts<E>::min_normal_bits >> (23 - E::mbits));
+}
+
+//! minifloat_magnitude<minifloat::E2M1> without its clamp, with five of its nine operations
+//! floating-point ones (three in minifloat_magnitude): 1.02-1.04x faster NVFP4 and MXFP4 quantize
+//! in cache, whose loops are heavy in integer packs and shuffles, on an Intel Xeon. The code of a =
+//! |y| is RNE(g(a)) for g(a) = min(2a, a + 2, a / 2 + 4): g is linear between the values of
+//! neighbouring codes (0, 0.5, 1, 1.5, 2, 3, 4, 6 go to 0, 1, ..., 7), so a midpoint goes to c +
+//! 1/2 and its tie to the even code, as E2M1's even mantissa; beyond 6, g < 7.5 up to a = 7.
+//! Rounding is monotonic and commutes with adding even integers, so RNE(g(a)) = min(RNE(2a), RNE(a)
+//! + 2, RNE(a / 2) + 4), and each term is the bits of one IEEE addition of 2^23 + {0, 2, 4} (2a and
+//! a / 2 are exact; a subnormal a / 2 rounds, and every term of it is 0) less those of 2^23. For a
+//! >= 7 (Inf included) the result is 8 or more (positive): the caller clamps it to 7, after packing
+//! (codes32).
 QCOLL_AVX2_INLINE i32x8 e2m1_magnitude(f32x8 y) {
   constexpr float m = 8388608.0f;  // 2^23
   const f32x8 a = (f32x8)((i32x8)y & 0x7fffffff);
-  i32x8 r = vmin(vmin((i32x8)((a + a) + m), (i32x8)(a + (m + 2.0f))), (i32x8)(a * 0.5f + (m + 4.0f)));
-  if constexpr (Clamp) r = vmin(r, splat(0x4b000007));  // the bits of 2^23 + 7
+  const i32x8 r = vmin(vmin((i32x8)((a + a) + m), (i32x8)(a + (m + 2.0f))), (i32x8)(a * 0.5f + (m + 4.0f)));
   return r - 0x4b000000;
 }
 
@@ -621,7 +630,8 @@ QCOLL_AVX2_INLINE EncLanes mx_enc_lanes(f32x8 amax, std::size_t count, unsigned 
 //! Enc::scaled(x) is F's scaling x * a * b of a block whose factor a is 1 (blocks whose a is not
 //! 1, with a scale below the normal range, are left to the scalar encoder), Enc::code<Clamp>(y)
 //! the code of a scaled value: a signed integer (signed_codes) or a minifloat magnitude
-//! (sign_from_input: its sign is the sign bit of y, added when the codes are packed). exact_scale:
+//! (sign_from_input: its sign is the sign bit of y, added when the codes are packed; plus Enc::bias,
+//! and for E2M1 clamped only there, see MinifloatCodec). exact_scale:
 //! the block scale is fl(absmax / largest code value), and the encoding factor fl(1 / scale) (a =
 //! 1) when the scale is normal, so |y| <= largest * (1 + 3 * 2^-24), which rounds to the largest
 //! code: Clamp = false leaves out the clamp, for the same codes.
@@ -636,13 +646,20 @@ template <class E, bool Saturating>
 struct MinifloatCodec {
   static constexpr bool defined = true, range = false, signed_codes = false, sign_from_input = true;
   static constexpr unsigned code_bits_of = E::bits;  //!< bits of a code (the sign bit's place)
+  static constexpr bool e2m1 = std::is_same<E, minifloat::E2M1>::value;
   struct Enc {
+    //! What code() adds to each code, taken off by codes32 after its first pack (16-bit lanes).
+    static constexpr int bias = e2m1 ? 0 : minifloat_code_bias<E>();
+    //! Whether code() leaves the clamp to codes32 (E2M1: the minimum of the packed bytes with the
+    //! largest code, one operation per 32 codes instead of one per 8; the unclamped codes of
+    //! larger magnitudes, Inf included, are positive and pack to bytes above it).
+    static constexpr bool clamp_bytes = e2m1;
     float b;
     QCOLL_AVX2_INLINE f32x8 scaled(f32x8 x) const { return x * b; }
     template <bool Clamp = true>
     QCOLL_AVX2_INLINE i32x8 code(f32x8 y) const {
-      if constexpr (std::is_same<E, minifloat::E2M1>::value) return e2m1_magnitude<Clamp>(y);
-      return minifloat_magnitude<E, Clamp>(y);
+      if constexpr (e2m1) return e2m1_magnitude(y);
+      return minifloat_magnitude<E, Clamp, true>(y);
     }
   };
   //! Codes are decoded by look-up in a MinifloatTable<E> (see Dec::scaled).
@@ -903,13 +920,26 @@ QCOLL_AVX2_INLINE i8x32 word_bytes32(i32x8 w0, i32x8 w1, i32x8 w2, i32x8 w3) {
   }
 }
 
-//! Minifloat codes of 4 vectors to bytes in element order: magnitudes m0..m3 (at most 127) with
-//! the sign bits of `sg` (one byte per code, in the packs' order: the sign is the byte's top bit)
-//! in bit Bits - 1. Paired: see in_order.
-template <unsigned Bits, bool Paired = false>
+//! Minifloat codes of 4 vectors to bytes in element order: magnitudes m0..m3 plus Bias (each in
+//! [Bias, 2^15)) with the sign bits of `sg` (one byte per code, in the packs' order: the sign is the
+//! byte's top bit) in bit Bits - 1. The bias comes off after the first pack; magnitudes are then at
+//! most 127, or (Max < 127) clamped to Max (larger ones, up to 2^15 - 1, pack to 255 first).
+//! Paired: see in_order.
+template <unsigned Bits, bool Paired = false, int Bias = 0, int Max = 127>
 QCOLL_AVX2_INLINE i8x32 signed_bytes32(i32x8 m0, i32x8 m1, i32x8 m2, i32x8 m3, i8x32 sg) {
-  const i8x32 mag =
-      __builtin_ia32_packuswb256(__builtin_ia32_packssdw256(m0, m1), __builtin_ia32_packssdw256(m2, m3));
+  i16x16 lo = __builtin_ia32_packssdw256(m0, m1), hi = __builtin_ia32_packssdw256(m2, m3);
+  if constexpr (Bias != 0) {
+    lo -= static_cast<short>(Bias);
+    hi -= static_cast<short>(Bias);
+  }
+  i8x32 mag = __builtin_ia32_packuswb256(lo, hi);
+  if constexpr (Max < 127) {
+#if defined(__clang__)
+    mag = (i8x32)__builtin_elementwise_min((u8x32)mag, (u8x32){} + static_cast<unsigned char>(Max));
+#else
+    mag = __builtin_ia32_pminub256(mag, i8x32{} + static_cast<char>(Max));  // unsigned bytes
+#endif
+  }
   const i8x32 sign = Bits == 8 ? (i8x32)(sg & (char)0x80) : (i8x32)((sg < 0) & (char)(1 << (Bits - 1)));
   return in_order<Paired>((i32x8)(mag | sign));
 }
@@ -926,8 +956,9 @@ QCOLL_AVX2_INLINE i8x32 sign_bytes(i16x16 w0, i16x16 w1) { return __builtin_ia32
 
 //! Writes 32 codes (one per byte of c, in element order, low Bits bits used) as Bits-bit codes:
 //! 32, 24 or 16 bytes (a little-endian bit stream; 4-bit codes two to a byte, element 2k low).
-//! stream: 8-bit codes with non-temporal stores (out 16-byte aligned; the caller fences).
-template <unsigned Bits>
+//! stream: 8-bit codes with non-temporal stores (out 16-byte aligned; the caller fences). Clean:
+//! the bytes are codes already (below 2^Bits; minifloat codes), so their high bits need no clearing.
+template <unsigned Bits, bool Clean = false>
 QCOLL_AVX2_INLINE void store_codes32(i8x32 c, unsigned char* out, bool stream = false) {
   if constexpr (Bits == 8) {
     if (stream) {
@@ -938,7 +969,7 @@ QCOLL_AVX2_INLINE void store_codes32(i8x32 c, unsigned char* out, bool stream = 
   } else if constexpr (Bits == 4) {  // byte k = code 2k | code 2k+1 << 4
     const i8x32 f = {1, 16, 1, 16, 1, 16, 1, 16, 1, 16, 1, 16, 1, 16, 1, 16,
                      1, 16, 1, 16, 1, 16, 1, 16, 1, 16, 1, 16, 1, 16, 1, 16};
-    const i16x16 w = __builtin_ia32_pmaddubsw256(c & (char)0x0f, f);
+    const i16x16 w = __builtin_ia32_pmaddubsw256(Clean ? c : c & (char)0x0f, f);
     const i64x4 p = (i64x4)__builtin_ia32_packuswb256(w, w);
     const i64x2 q = __builtin_shufflevector(p, p, 0, 2);
     std::memcpy(out, &q, 16);
@@ -947,7 +978,7 @@ QCOLL_AVX2_INLINE void store_codes32(i8x32 c, unsigned char* out, bool stream = 
     const i8x32 f = {1, 64, 1, 64, 1, 64, 1, 64, 1, 64, 1, 64, 1, 64, 1, 64,
                      1, 64, 1, 64, 1, 64, 1, 64, 1, 64, 1, 64, 1, 64, 1, 64};
     const i16x16 g = {1, 4096, 1, 4096, 1, 4096, 1, 4096, 1, 4096, 1, 4096, 1, 4096, 1, 4096};
-    const i32x8 d = __builtin_ia32_pmaddwd256(__builtin_ia32_pmaddubsw256(c & (char)0x3f, f), g);
+    const i32x8 d = __builtin_ia32_pmaddwd256(__builtin_ia32_pmaddubsw256(Clean ? c : c & (char)0x3f, f), g);
     const i8x32 idx = {0, 1, 2, 4, 5, 6, 8, 9, 10, 12, 13, 14, -1, -1, -1, -1,
                        0, 1, 2, 4, 5, 6, 8, 9, 10, 12, 13, 14, -1, -1, -1, -1};
     const i32x8 t = (i32x8)__builtin_ia32_pshufb256((i8x32)d, idx);
@@ -1061,13 +1092,16 @@ QCOLL_AVX2_INLINE i8x32 codes32(const typename C::Enc& e0, const typename C::Enc
   const i32x8 c0 = e0.template code<Clamp>(y0), c1 = e0.template code<Clamp>(y1);
   const i32x8 c2 = e1.template code<Clamp>(y2), c3 = e1.template code<Clamp>(y3);
   if constexpr (C::sign_from_input) {
+    using Enc = typename C::Enc;
+    constexpr int max = Clamp && Enc::clamp_bytes ? (1 << (C::code_bits_of - 1)) - 1 : 127;
     if constexpr (paired_load<T>) {  // y's sign is x's: the factors are positive or zero
       i16x16 w0, w1;
       std::memcpy(&w0, p0, sizeof w0);
       std::memcpy(&w1, p1, sizeof w1);
-      return signed_bytes32<C::code_bits_of, true>(c0, c1, c2, c3, sign_bytes(w0, w1));
+      return signed_bytes32<C::code_bits_of, true, Enc::bias, max>(c0, c1, c2, c3, sign_bytes(w0, w1));
     } else {
-      return signed_bytes32<C::code_bits_of>(c0, c1, c2, c3, sign_bytes(y0, y1, y2, y3));
+      return signed_bytes32<C::code_bits_of, false, Enc::bias, max>(c0, c1, c2, c3,
+                                                                    sign_bytes(y0, y1, y2, y3));
     }
   } else {
     return bytes32<C::signed_codes, paired_load<T>>(c0, c1, c2, c3);
@@ -1188,6 +1222,7 @@ QCOLL_AVX2_INLINE void encode_group(const T* const* x, std::size_t count, const 
   using C = Codec<F>;
   using Enc = typename C::Enc;
   constexpr std::size_t code_bytes = F::block * F::code_bits / 8;
+  constexpr bool clean = C::sign_from_input;  // codes32 gives codes, not wider signed bytes
   if constexpr (mx_16<F, T>::value) {
     // 16-bit patterns (Mx16) where they serve, in a loop of its own; then codes32 for
     // the blocks they do not
@@ -1218,10 +1253,10 @@ QCOLL_AVX2_INLINE void encode_group(const T* const* x, std::size_t count, const 
       prefetch_next<F>(x[k], ahead);
       if (k + 1 < count) {
         const Enc e1{lanes.b[k + 1]};
-        store_codes32<F::code_bits>(codes32<C>(e0, e1, x[k], x[k + 1]), out, stream);
+        store_codes32<F::code_bits, clean>(codes32<C>(e0, e1, x[k], x[k + 1]), out, stream);
       } else {
         alignas(32) unsigned char tmp[32];  // the last block alone: its codes twice, the first kept
-        store_codes32<F::code_bits>(codes32<C>(e0, e0, x[k], x[k]), tmp);
+        store_codes32<F::code_bits, clean>(codes32<C>(e0, e0, x[k], x[k]), tmp);
         std::memcpy(out, tmp, code_bytes);
       }
     }
@@ -1242,8 +1277,8 @@ QCOLL_AVX2_INLINE void encode_group(const T* const* x, std::size_t count, const 
         for (std::size_t j = j0; j < j0 + step; j += 32) {
           prefetch_next<F>(xk + j, ahead);
           m = lane_max<sizeof(T) == 2>(m, side.chunk(k, j, 32));
-          store_codes32<F::code_bits>(codes32<C>(e, e, xk + j, xk + j + 16), ck + j * F::code_bits / 8,
-                                      stream);
+          store_codes32<F::code_bits, clean>(codes32<C>(e, e, xk + j, xk + j + 16), ck + j * F::code_bits / 8,
+                                             stream);
         }
       }
       side.put(k, m);
