@@ -1530,9 +1530,9 @@ inline constexpr std::size_t two_stream_run_bytes = std::size_t(1) << 20;
 //! two_stream_run_bytes and more are read as two streams instead (one core draws more from memory
 //! over two, most of all where the hardware prefetchers stop at each 4 KiB page): the run's halves
 //! in turns of 1024 elements, each turn encoded as above. Encode pass from memory (Intel Xeon, 64
-//! Mi N(0, 1) values in 4 KiB pages, side by side): 1.20-1.29x (NVFP4, MXFP4, int8, int4 and e4m3
+//! Mi N(0, 1) values in 4 KiB pages, side by side): 1.20-1.28x (NVFP4, MXFP4, int8, int4 and e4m3
 //! at block 32); turns of 256 elements 1.12-1.26x, of 2048 1.10-1.16x, three streams 1.10-1.20x;
-//! quantize in 2 MiB pages (as bench_quantize allocates) 1.07-1.17x; no faster with 16-bit input
+//! quantize in 2 MiB pages (as bench_quantize allocates) 1.07-1.19x; no faster with 16-bit input
 //! (those loops are bound by arithmetic), nor from block 128 on, whose single pass already
 //! overlaps its reads; 0.98-1.11x for runs of 1 to 4 MiB in the caches. Calls redo(k) after the
 //! group of block k for each block k that GroupMeta::skipped names (NaN or ±Inf, or a scale below
