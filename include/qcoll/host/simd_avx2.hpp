@@ -502,6 +502,13 @@ struct EncLanes {
 
 // ---- minifloat element codecs ------------------------------------------------------------------
 
+//! What minifloat_magnitude<E, Clamp, true> adds to each code: the bits of 2^emin shifted as the
+//! codes' exponents are (at most 1016, so that a biased code fits a 16-bit lane).
+template <class E>
+constexpr int minifloat_code_bias() {
+  return static_cast<int>(minifloat::detail::Facts<E>::min_normal_bits >> (23 - E::mbits));
+}
+
 //! The magnitude code of minifloat::encode<E> per lane (sign bit clear) for y not NaN (the
 //! kernels encode finite blocks only, whose scaled values are finite or ±Inf). One IEEE addition
 //! rounds |y| (clamped to max_normal) to its step: m = 2^(max(e, emin) + 23 - mbits), for e the
@@ -524,15 +531,8 @@ QCOLL_AVX2_INLINE i32x8 minifloat_magnitude(f32x8 y, f32x8* value = nullptr) {
   const i32x8 m = ex + (drop << 23);
   const i32x8 s = (i32x8)((f32x8)u + (f32x8)m);
   if (value) *value = (f32x8)s - (f32x8)m;
-  if constexpr (Biased) return (s - m) + (ex >> drop);
-  return (s - m) + ((ex >> drop) - static_cast<int>(Fa::min_normal_bits >> drop));
-}
-
-//! What minifloat_magnitude<E, Clamp, true> adds to each code: the bits of 2^emin shifted as the
-//! codes' exponents are (at most 1016, so that a biased code fits a 16-bit lane).
-template <class E>
-constexpr int minifloat_code_bias() {
-  return static_cast<int>(minifloat::detail::Facts<E>::min_normal_bits >> (23 - E::mbits));
+  const i32x8 biased = (s - m) + (ex >> drop);
+  return Biased ? biased : biased - minifloat_code_bias<E>();
 }
 
 //! minifloat_magnitude<minifloat::E2M1> without its clamp, with five of its nine operations
@@ -1612,9 +1612,8 @@ QCOLL_AVX2 inline float absmax_finite(const T* x, std::size_t n) {
       part[s] = lane_max<w16>(part[s], absmax_lanes(p, step));
     }
   }
-  std::size_t i = 4 * quarter;
-  for (; i + step <= n; i += step) part[0] = lane_max<w16>(part[0], absmax_lanes(x + i, step));
-  if (i < n) part[0] = lane_max<w16>(part[0], absmax_lanes(x + i, n - i));
+  // the last n - 4 * quarter < 4 * step elements
+  if (4 * quarter < n) part[0] = lane_max<w16>(part[0], absmax_lanes(x + 4 * quarter, n - 4 * quarter));
   i32x8 m = lane_max<w16>(lane_max<w16>(part[0], part[1]), lane_max<w16>(part[2], part[3]));
   const int inf = sizeof(T) == 4 ? 0x7f800000 : std::is_same<T, half>::value ? 0x7c00 : 0x7f80;
   if constexpr (sizeof(T) == 4) {
