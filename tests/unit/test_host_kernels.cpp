@@ -214,6 +214,20 @@ std::size_t mismatches(std::string& where) {
         host::dequantize_accumulate<F>(want.data(), want.size(), acc.data(), n);
         const std::size_t valid = n - n / 3;
         detail::decode_slice<F, T>(want.data(), n, valid, z.data());
+        // Decoding from a block boundary (the kernels stored, the portable loops accumulated onto
+        // -0), and the residual of error feedback, r - value, for r holding -0, the value itself (an
+        // exact cancellation) and others (fp32 outputs).
+        constexpr bool f32 = std::is_same<T, float>::value;
+        const std::size_t from = f32 ? n / F::block / 2 * F::block : n;
+        std::vector<float> part(n - from, 9.0f), pacc(n - from, -0.0f), resid(f32 ? n : 0);
+        if constexpr (f32) {
+          host::detail::decode_into<F, float>(want.data(), n, n, part.data(), from);
+          host::detail::decode_into_impl<F, float, true>(want.data(), n, n, pacc.data(), from);
+          for (std::size_t i = 0; i < n; ++i)
+            resid[i] = i % 3 == 0 ? ref_decode<F>(want.data(), n, i) : i % 3 == 1 ? -0.0f : acc0[i];
+        }
+        const std::vector<float> resid0 = resid;
+        if constexpr (f32) host::detail::subtract_decoded<F>(want.data(), n, n, resid.data());
         for (std::size_t i = 0; i < n; ++i) {
           const float d = ref_decode<F>(want.data(), n, i);
           const T wy = from_float<T>(d);
@@ -223,6 +237,10 @@ std::size_t mismatches(std::string& where) {
           if (!same(wy, yp[i])) note("portable dequantize");
           if (!same(wa, acc[i])) note("dequantize_accumulate");
           if (!same(wz, z[i])) note("decode_slice");
+          if (i >= from && !same(d, part[i - from])) note("decode_into from a block");
+          if (i >= from && !same(fp::add(-0.0f, d), pacc[i - from]))
+            note("portable decode_into from a block");
+          if (f32 && !same(fp::sub(resid0[i], d), resid[i])) note("subtract_decoded");
         }
       }
   return bad;

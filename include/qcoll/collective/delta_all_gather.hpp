@@ -236,8 +236,7 @@ class DeltaAllGather {
             msg, S, [out](std::size_t i, float d) { out[i] = from_float<T>(fp::add(to_float(out[i]), d)); },
             layout_.valid_in_shard(q));
       } else {
-        host::detail::decode_message<G>(
-            msg, S, [out](std::size_t i, float v) { out[i] = from_float<T>(v); }, layout_.valid_in_shard(q));
+        host::detail::decode_into<G, T>(msg, S, layout_.valid_in_shard(q), out);
       }
       layout_.zero_inner_padding(out, layout_.shard_offset(q), layout_.valid_in_shard(q));
     }

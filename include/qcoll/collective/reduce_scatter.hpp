@@ -374,8 +374,7 @@ class QuantizedReduceScatter {
       o.index_base = first;
       host::detail::quantize_blocks<F2, float>(S, src, msg, o);
       if (fb.hop2.n > 0) {
-        host::detail::decode_message<F2>(
-            msg, S, [v](std::size_t i, float d) { v[i] = fp::sub(v[i], d); }, valid2);
+        host::detail::subtract_decoded<F2>(msg, S, valid2, v);
         carried([&](std::size_t i) { fb.keep(fb.hop2, at + i, v[i]); });
       }
     }
@@ -546,8 +545,7 @@ class QuantizedReduceScatter {
                  },
                  msg, o) != 0;
       if (fb.hop1.n == 0) continue;
-      host::detail::decode_message<F1>(
-          msg, n, [v](std::size_t i, float d) { v[i] = fp::sub(v[i], d); }, n);
+      host::detail::subtract_decoded<F1>(msg, n, n, v);
       for (std::size_t b = 0; b < nb; ++b) {
         const MappedBlock mb = map_block(map, b, B, n);
         for (std::size_t e = 0; rot.enabled() && e < B && b * B + e < n; e += span)

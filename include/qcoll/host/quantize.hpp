@@ -432,11 +432,12 @@ class DecodeTables {
   bool filled_[slots] = {};
 };
 
-//! Decodes values [0, limit) of a checked message of n elements as V: value i is handed to
-//! store(i, convert(F::decode(code i, meta))), through decode tables when use_decode_table<F, V>.
+//! Decodes values [from, limit) of a checked message of n elements as V (from a multiple of
+//! F::block, at most limit): value i is handed to store(i - from, convert(F::decode(code i,
+//! meta))), through decode tables when use_decode_table<F, V>.
 template <class F, class V, class Convert, class Store>
 inline void decode_message_as_impl(const void* msg, std::size_t n, std::size_t limit, Convert&& convert,
-                                   Store&& store) {
+                                   Store&& store, std::size_t from = 0) {
   using L = MessageLayout<F>;
   const auto* base = static_cast<const unsigned char*>(msg);
   float mscale = 0.0f;
@@ -444,51 +445,51 @@ inline void decode_message_as_impl(const void* msg, std::size_t n, std::size_t l
   const std::size_t nb = L::blocks(limit);
   if constexpr (use_decode_table<F, V>()) {
     DecodeTables<F, V> tables;
-    for (std::size_t b = 0; b < nb; ++b) {
-      const std::size_t first = b * F::block;
+    for (std::size_t b = from / F::block; b < nb; ++b) {
+      const std::size_t first = b * F::block, o = first - from;  // o: value first's output index
       const std::size_t valid = limit - first < F::block ? limit - first : F::block;
       const V* t = tables.get(base + L::metas_offset(n) + b * F::meta_bytes, mscale, convert);
       const unsigned char* codes = base + L::codes_offset + b * L::block_code_bytes;
       // Short 4-bit blocks: two look-ups per byte. Otherwise unpack (vectorized), then look up.
       if constexpr (F::code_bits == 4 && F::block <= 16) {
         for (std::size_t k = 0; k < valid / 2; ++k) {
-          store(first + 2 * k, t[codes[k] & 0xFu]);
-          store(first + 2 * k + 1, t[codes[k] >> 4]);
+          store(o + 2 * k, t[codes[k] & 0xFu]);
+          store(o + 2 * k + 1, t[codes[k] >> 4]);
         }
-        if (valid % 2 != 0) store(first + valid - 1, t[codes[valid / 2] & 0xFu]);
+        if (valid % 2 != 0) store(o + valid - 1, t[codes[valid / 2] & 0xFu]);
       } else {
         alignas(64) typename F::code_type c[F::block];
         unpack_block<F>(codes, c);
         if (valid == F::block) {
-          for (std::size_t i = 0; i < F::block; ++i) store(first + i, t[c[i]]);
+          for (std::size_t i = 0; i < F::block; ++i) store(o + i, t[c[i]]);
         } else {
-          for (std::size_t i = 0; i < valid; ++i) store(first + i, t[c[i]]);
+          for (std::size_t i = 0; i < valid; ++i) store(o + i, t[c[i]]);
         }
       }
     }
   } else if constexpr (std::is_same<V, float>::value || F::code_bits > 8) {
-    for (std::size_t b = 0; b < nb; ++b) {
-      const std::size_t first = b * F::block;
+    for (std::size_t b = from / F::block; b < nb; ++b) {
+      const std::size_t first = b * F::block, o = first - from;  // o: value first's output index
       const std::size_t valid = limit - first < F::block ? limit - first : F::block;
       decode_block<F>(base + L::codes_offset + b * L::block_code_bytes,
                       base + L::metas_offset(n) + b * F::meta_bytes, mscale, valid,
-                      [&](std::size_t i, float v) { store(first + i, convert(v)); });
+                      [&](std::size_t i, float v) { store(o + i, convert(v)); });
     }
   } else {
     // Quantized codes to a 16-bit V: decode a block to float, then convert it in a loop of its
     // own, so the conversion's rounding branches become vector selects even where the decode
     // itself stays scalar.
-    for (std::size_t b = 0; b < nb; ++b) {
-      const std::size_t first = b * F::block;
+    for (std::size_t b = from / F::block; b < nb; ++b) {
+      const std::size_t first = b * F::block, o = first - from;  // o: value first's output index
       const std::size_t valid = limit - first < F::block ? limit - first : F::block;
       alignas(64) float v[F::block];
       decode_block<F>(base + L::codes_offset + b * L::block_code_bytes,
                       base + L::metas_offset(n) + b * F::meta_bytes, mscale, valid,
                       [&](std::size_t i, float x) { v[i] = x; });
       if (valid == F::block) {
-        for (std::size_t i = 0; i < F::block; ++i) store(first + i, convert(v[i]));
+        for (std::size_t i = 0; i < F::block; ++i) store(o + i, convert(v[i]));
       } else {
-        for (std::size_t i = 0; i < valid; ++i) store(first + i, convert(v[i]));
+        for (std::size_t i = 0; i < valid; ++i) store(o + i, convert(v[i]));
       }
     }
   }
@@ -499,8 +500,8 @@ inline void decode_message_as_impl(const void* msg, std::size_t n, std::size_t l
 template <class F, class V, class Convert, class Store>
 QCOLL_AVX2 __attribute__((flatten)) void decode_message_as_avx2(const void* msg, std::size_t n,
                                                                 std::size_t limit, Convert&& convert,
-                                                                Store&& store) {
-  decode_message_as_impl<F, V>(msg, n, limit, convert, store);
+                                                                Store&& store, std::size_t from = 0) {
+  decode_message_as_impl<F, V>(msg, n, limit, convert, store, from);
 }
 #endif
 
@@ -542,12 +543,14 @@ struct PutInto {
   }
 };
 
-//! Decodes values [0, limit) of a checked message of n elements into out[0, limit) as V
-//! (from_float<V> of each value), or, when Acc (V = float), adds them: out[i] = fp::add(out[i],
-//! value i). Simd: through the AVX2 kernels (the caller runs on a processor that has them);
-//! otherwise the portable decode_message_as_impl.
+//! Decodes values [from, limit) of a checked message of n elements into out[0, limit - from) as V
+//! (from_float<V> of each value), or, when Acc (V = float), adds them: out[i - from] =
+//! fp::add(out[i - from], value i). from: a multiple of F::block, at most limit. Simd: through the
+//! AVX2 kernels (the caller runs on a processor that has them); otherwise the portable
+//! decode_message_as_impl.
 template <class F, class V, bool Acc, bool Simd = false>
-inline void decode_into_impl(const void* msg, std::size_t n, std::size_t limit, V* out) {
+inline void decode_into_impl(const void* msg, std::size_t n, std::size_t limit, V* out,
+                             std::size_t from = 0) {
   static_assert(!Acc || std::is_same<V, float>::value, "accumulation is in fp32");
 #if QCOLL_HOST_AVX2_DISPATCH
   if constexpr (Simd) {
@@ -555,21 +558,21 @@ inline void decode_into_impl(const void* msg, std::size_t n, std::size_t limit, 
     const auto* base = static_cast<const unsigned char*>(msg);
     float mscale = 0.0f;
     if constexpr (has_message_scale<F>) mscale = ::qcoll::detail::load_f32(base + L::message_meta_offset);
-    const bool stream = !Acc && stream_output(out, limit);
+    const bool stream = !Acc && stream_output(out, limit - from);
     constexpr auto sink = Acc ? avx2::Sink::add : avx2::Sink::store;
-    const std::size_t full = limit / F::block;
-    const unsigned char* codes = base + L::codes_offset;
-    const unsigned char* metas = base + L::metas_offset(n);
+    const std::size_t full = (limit - from) / F::block;
+    const unsigned char* codes = base + L::codes_offset + from / F::block * L::block_code_bytes;
+    const unsigned char* metas = base + L::metas_offset(n) + from / F::block * F::meta_bytes;
     if (stream) {
       avx2::decode_full_blocks<F, V, avx2::Sink::stream>(codes, metas, mscale, out, full);
     } else {
       avx2::decode_full_blocks<F, V, sink>(codes, metas, mscale, out, full);
     }
-    if (full * F::block < limit) {
+    if (full * F::block < limit - from) {
       // The partial last block, whole (its codes past `limit` are the message's or its zero
       // padding), through the same kernel instance into a buffer (holding out's values first where
-      // they are added to, zeros past them), then its first `limit - first` values to out.
-      const std::size_t first = full * F::block, valid = limit - first;
+      // they are added to, zeros past them), then its first `valid` values to out.
+      const std::size_t first = full * F::block, valid = limit - from - first;
       alignas(64) unsigned char tail[F::block * sizeof(V)];
       if constexpr (Acc) {
         std::memcpy(tail, out + first, valid * sizeof(V));
@@ -583,39 +586,66 @@ inline void decode_into_impl(const void* msg, std::size_t n, std::size_t limit, 
   } else
 #endif
   {
-    decode_message_as_impl<F, V>(msg, n, limit, ConvertTo<V>{}, PutInto<V, Acc>{out});
+    decode_message_as_impl<F, V>(msg, n, limit, ConvertTo<V>{}, PutInto<V, Acc>{out}, from);
   }
 }
 
-//! Decodes values [0, limit) of a checked message of n elements into out[0, limit) as V, or adds
-//! them to fp32 accumulators when Acc (see decode_into_impl). AVX2 kernels where the processor
-//! has them. O(limit).
+//! Decodes values [from, limit) of a checked message of n elements into out[0, limit - from) as V,
+//! or adds them to fp32 accumulators when Acc (see decode_into_impl; from a multiple of F::block,
+//! at most limit). AVX2 kernels where the processor has them. O(limit - from).
 template <class F, class V, bool Acc = false>
-inline void decode_into(const void* msg, std::size_t n, std::size_t limit, V* out) {
+inline void decode_into(const void* msg, std::size_t n, std::size_t limit, V* out, std::size_t from = 0) {
 #if QCOLL_HOST_AVX2_DISPATCH
   if constexpr (avx2::has_kernels<F>()) {
-    if (avx2::supported()) return decode_into_impl<F, V, Acc, true>(msg, n, limit, out);
+    if (avx2::supported()) return decode_into_impl<F, V, Acc, true>(msg, n, limit, out, from);
   } else if constexpr (is_identity_format<F>::value) {
     if (avx2::supported()) {
       using W = typename identity_element<F>::type;
-      const auto* codes = static_cast<const unsigned char*>(msg) + MessageLayout<F>::codes_offset;
+      const auto* codes =
+          static_cast<const unsigned char*>(msg) + MessageLayout<F>::codes_offset + from * sizeof(W);
       if constexpr (Acc) {
-        avx2::decode_identity<W, avx2::Sink::add>(codes, limit, out);
-      } else if (stream_output(out, limit)) {
-        avx2::decode_identity<W, avx2::Sink::stream>(codes, limit, out);
+        avx2::decode_identity<W, avx2::Sink::add>(codes, limit - from, out);
+      } else if (stream_output(out, limit - from)) {
+        avx2::decode_identity<W, avx2::Sink::stream>(codes, limit - from, out);
         avx2::fence();
       } else {
-        avx2::decode_identity<W, avx2::Sink::store>(codes, limit, out);
+        avx2::decode_identity<W, avx2::Sink::store>(codes, limit - from, out);
       }
       return;
     }
   } else {
     if (avx2::supported()) {
-      return decode_message_as_avx2<F, V>(msg, n, limit, ConvertTo<V>{}, PutInto<V, Acc>{out});
+      return decode_message_as_avx2<F, V>(msg, n, limit, ConvertTo<V>{}, PutInto<V, Acc>{out}, from);
     }
   }
 #endif
-  decode_into_impl<F, V, Acc>(msg, n, limit, out);
+  decode_into_impl<F, V, Acc>(msg, n, limit, out, from);
+}
+
+//! out[i] = fp::sub(out[i], value i) for i in [0, limit) of a checked message of n elements: the
+//! residual of error feedback. Chunks of blocks are decoded by decode_into's accumulating
+//! instance (which the reduce-scatter runs anyway: no instance of its own) into a buffer of -0,
+//! the identity of fp::add, so that the buffer holds the values exactly (signed zeros and NaNs
+//! included), then subtracted. O(limit), with a buffer of max(4096, F::block) floats on the stack.
+template <class F>
+inline void subtract_decoded(const void* msg, std::size_t n, std::size_t limit, float* out) {
+  constexpr std::size_t chunk = F::block < 4096 ? 4096 / F::block * F::block : F::block;
+  alignas(64) float buf[chunk];
+  for (std::size_t i = 0; i < chunk && i < limit; ++i) buf[i] = -0.0f;
+  for (std::size_t first = 0; first < limit; first += chunk) {
+    const std::size_t m = limit - first < chunk ? limit - first : chunk;
+    decode_into<F, float, true>(msg, n, first + m, buf, first);
+#if QCOLL_HOST_AVX2_DISPATCH
+    if (avx2::supported()) {
+      avx2::subtract_and_clear(out + first, buf, m);
+      continue;
+    }
+#endif
+    for (std::size_t i = 0; i < m; ++i) {
+      out[first + i] = fp::sub(out[first + i], buf[i]);
+      buf[i] = -0.0f;
+    }
+  }
 }
 
 //! Reads and checks a message header.

@@ -325,6 +325,19 @@ QCOLL_AVX2_INLINE void emit(V* p, f32x8 v0, f32x8 v1) {
 //! Orders the non-temporal stores before later stores (sfence).
 QCOLL_AVX2 inline void fence() { __builtin_ia32_sfence(); }
 
+//! out[i] = fp::sub(out[i], v[i]), then v[i] = -0, for i in [0, n) (subtract_decoded). O(n).
+QCOLL_AVX2 inline void subtract_and_clear(float* out, float* v, std::size_t n) {
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    put(out + i, load(out + i) - load(v + i));
+    put(v + i, splat_f(-0.0f));
+  }
+  for (; i < n; ++i) {
+    out[i] = fp::sub(out[i], v[i]);
+    v[i] = -0.0f;
+  }
+}
+
 // ---- block statistics ------------------------------------------------------------------------
 
 //! Lane-wise order keys of a full block of n elements, n a multiple of 16: in hi the largest key,
