@@ -122,6 +122,27 @@ void check_accumulate(const std::vector<unsigned char>& msg, std::size_t n) {
     same &= fp::bits(acc[i]) == fp::bits(fp::add(want[i], to_float(w)));
   }
   CHECK(same);
+  // The residual of error feedback, r - value (r holding -0, the value itself and others), and
+  // decoding from a block boundary.
+  const std::size_t from = n / F::block / 2 * F::block;
+  std::vector<float> r(n), part(n - from);
+  for (std::size_t i = 0; i < n; ++i) {
+    W w;
+    std::memcpy(&w, msg.data() + MessageLayout<F>::codes_offset + i * sizeof(W), sizeof w);
+    r[i] = i % 3 == 0 ? to_float(w) : i % 3 == 1 ? -0.0f : want[i];
+  }
+  const std::vector<float> r0 = r;
+  host::detail::subtract_decoded<F>(msg.data(), n, n, r.data());
+  host::detail::decode_into<F, float>(msg.data(), n, n, part.data(), from);
+  bool residual = true, ranged = true;
+  for (std::size_t i = 0; i < n; ++i) {
+    W w;
+    std::memcpy(&w, msg.data() + MessageLayout<F>::codes_offset + i * sizeof(W), sizeof w);
+    residual &= fp::bits(r[i]) == fp::bits(fp::sub(r0[i], to_float(w)));
+    if (i >= from) ranged &= fp::bits(part[i - from]) == fp::bits(to_float(w));
+  }
+  CHECK(residual);
+  CHECK(ranged);
 }
 
 template <class F, class T>
