@@ -635,13 +635,11 @@ inline void subtract_decoded(const void* msg, std::size_t n, std::size_t limit, 
   for (std::size_t first = 0; first < limit; first += chunk) {
     const std::size_t m = limit - first < chunk ? limit - first : chunk;
     decode_into<F, float, true>(msg, n, first + m, buf, first);
+    std::size_t i = 0;
 #if QCOLL_HOST_AVX2_DISPATCH
-    if (avx2::supported()) {
-      avx2::subtract_and_clear(out + first, buf, m);
-      continue;
-    }
+    if (avx2::supported()) i = avx2::subtract_and_clear(out + first, buf, m);
 #endif
-    for (std::size_t i = 0; i < m; ++i) {
+    for (; i < m; ++i) {
       out[first + i] = fp::sub(out[first + i], buf[i]);
       buf[i] = -0.0f;
     }

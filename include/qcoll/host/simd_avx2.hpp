@@ -325,17 +325,15 @@ QCOLL_AVX2_INLINE void emit(V* p, f32x8 v0, f32x8 v1) {
 //! Orders the non-temporal stores before later stores (sfence).
 QCOLL_AVX2 inline void fence() { __builtin_ia32_sfence(); }
 
-//! out[i] = fp::sub(out[i], v[i]), then v[i] = -0, for i in [0, n) (subtract_decoded). O(n).
-QCOLL_AVX2 inline void subtract_and_clear(float* out, float* v, std::size_t n) {
+//! out[i] = fp::sub(out[i], v[i]), then v[i] = -0, for i in [0, n - n % 8) (subtract_decoded, which
+//! does the rest); returns n - n % 8. O(n).
+QCOLL_AVX2 inline std::size_t subtract_and_clear(float* out, float* v, std::size_t n) {
   std::size_t i = 0;
   for (; i + 8 <= n; i += 8) {
     put(out + i, load(out + i) - load(v + i));
     put(v + i, splat_f(-0.0f));
   }
-  for (; i < n; ++i) {
-    out[i] = fp::sub(out[i], v[i]);
-    v[i] = -0.0f;
-  }
+  return i;
 }
 
 // ---- block statistics ------------------------------------------------------------------------
@@ -870,12 +868,12 @@ struct Codec<AsymmetricInt<B, K>> {
       worst = vmax(worst, t & 0x7fff);
       return t;
     }
-    //! Fractions above this one (2^15 - 5 or more) are near a tie: there Enc decides.
-    static constexpr int sure_fraction = (1 << 15) - 6;
-    //! Whether some fraction in `worst` is above sure_fraction.
+    //! The lanes of `fraction` (fractions f) near a tie, f >= 2^15 - 5: there Enc decides.
+    static QCOLL_AVX2_INLINE i32x8 near(i32x8 fraction) { return fraction > (1 << 15) - 6; }
+    //! Whether some fraction in `worst` is near a tie.
     static QCOLL_AVX2_INLINE bool unsure(i32x8 worst) {
-      const i32x8 near = worst > sure_fraction;
-      return !__builtin_ia32_ptestz256((i64x4)near, (i64x4)near);
+      const i32x8 m = near(worst);
+      return !__builtin_ia32_ptestz256((i64x4)m, (i64x4)m);
     }
   };
 
@@ -1432,7 +1430,7 @@ QCOLL_AVX2 inline unsigned encode_full_blocks(const T* const* x, std::size_t cou
       if (Est::unsure(worst)) {
         const auto& e = exact();
         QCOLL_UNROLL
-        for (int i = 0; i < 4; ++i) w[i] = sel((t[i] & 0x7fff) > Est::sure_fraction, e(v[i]), w[i]);
+        for (int i = 0; i < 4; ++i) w[i] = sel(Est::near(t[i] & 0x7fff), e(v[i]), w[i]);
       }
       store_codes32<F::code_bits>(word_bytes32<split>(w[0], w[1], w[2], w[3]), out);
     }
