@@ -822,6 +822,53 @@ TEST_CASE_TEMPLATE("asymmetric integers encode values near rounding boundaries l
   CHECK(quantizes_like_portable<F>(near_ties<F, half>(blocks, 17, 11)));
 }
 
+#if QCOLL_HOST_AVX2_DISPATCH
+// span_scale's four lanes for spans s[0, 4).
+template <int Qmax>
+QCOLL_AVX2 void span_scales(const double* s, float* out) {
+  namespace A = host::detail::avx2;
+  const A::f32x4 r = A::span_scale<Qmax>(A::f64x4{s[0], s[1], s[2], s[3]});
+  std::memcpy(out, &r, sizeof r);
+}
+
+// The asymmetric integers' scale float(span / qmax) of the kernels (a product by the inverse, the
+// division where that may round otherwise) against the division, for spans whose quotient is a
+// float midpoint or within 6 units of double's last place of one, normal or subnormal (the product
+// rounds to the other float for some hundreds of these), zero and random ones.
+template <int Qmax>
+std::size_t span_scale_mismatches() {
+  std::mt19937_64 g(Qmax);
+  std::vector<double> spans = {0.0, 0x1p-149, 0x1p-126, 0x1p-118, 3e-40, 0x1p128};
+  for (int k = 0; k < 20000; ++k) {
+    const int e = static_cast<int>(g() % 200) - 100;
+    const double f = std::ldexp(static_cast<double>((1u << 23) | (g() & 0x7fffffu)), e - 23);
+    const double t = (f + std::ldexp(1.0, e - 24)) * Qmax;  // Qmax times a float midpoint: exact
+    int et = 0;
+    std::frexp(t, &et);  // t in [2^(et - 1), 2^et): its last place is 2^(et - 53)
+    for (int j = -6; j <= 6; ++j) spans.push_back(t + j * std::ldexp(1.0, et - 53));
+    // and near a midpoint of two subnormal floats, an odd multiple of 2^-150
+    const double ts = std::ldexp(static_cast<double>((g() % (1u << 23)) | 1u), -150) * Qmax;
+    std::frexp(ts, &et);
+    for (int j = -6; j <= 6; ++j) spans.push_back(ts + j * std::ldexp(1.0, et - 53));
+    spans.push_back(std::ldexp(static_cast<double>(g() >> 11), -53 - static_cast<int>(g() % 180)));
+  }
+  while (spans.size() % 4) spans.push_back(1.0);
+  std::size_t bad = 0;
+  for (std::size_t i = 0; i < spans.size(); i += 4) {
+    float got[4];
+    span_scales<Qmax>(spans.data() + i, got);
+    for (int l = 0; l < 4; ++l) bad += fp::bits(got[l]) != fp::bits(static_cast<float>(spans[i + l] / Qmax));
+  }
+  return bad;
+}
+
+TEST_CASE("asymmetric integer scales: the kernels' product by 1 / qmax rounds as the division") {
+  if (!host::detail::avx2::supported()) return;
+  CHECK(span_scale_mismatches<255>() == 0u);
+  CHECK(span_scale_mismatches<15>() == 0u);
+}
+#endif
+
 // host::quantize reads x[0, n) only: elements after n (NaN and large values here, where a kernel
 // that took the last partial block for a full one would see them) change nothing.
 TEST_CASE_TEMPLATE("elements after n do not change the message", F, Int8<32>, Int4<2048>, Fp8E4M3<32>,

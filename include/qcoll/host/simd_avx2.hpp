@@ -1323,6 +1323,28 @@ QCOLL_AVX2_INLINE void encode_group(const T* const* x, std::size_t count, const 
   }
 }
 
+//! float(span / Qmax) per lane, the double quotient rounded to float, for finite spans >= 0, as
+//! AsymmetricInt::make_meta computes the scale. The quotient q as p = span * R, R = 1 / Qmax
+//! rounded to double: p = (span / Qmax)(1 + d1)(1 + d2) and q = (span / Qmax)(1 + d3), |di| <=
+//! 2^-53, so |p - q| < 3.002 units in the last place of p, a normal double (span / Qmax <= p (1 +
+//! 2^-51); a nonzero span of floats is at least 2^-149). Rounding to float is monotonic, so float(p)
+//! = float(q) unless a float rounding boundary lies between them or on one of them: a midpoint of
+//! two floats within 3 units of p, hence in p's binade (those of the next binades are 2^27 units
+//! away), where the 29 bits below float's 24 are 1 and 28 zeros; or p is in (0, 2^-125), where
+//! floats are subnormal, or near it. Lanes within 8 units of a midpoint, or that small, take the
+//! division (the four together): one lane in 2^25 of random spans. Against a division per four
+//! blocks: quantize at block 32 1.02-1.03x faster in cache and with bfloat16 input from memory,
+//! level with fp32 input from memory (Intel Xeon).
+template <int Qmax>
+QCOLL_AVX2_INLINE f32x4 span_scale(f64x4 span) {
+  f64x4 q = span * (1.0 / double(Qmax));
+  const i64x4 b = (i64x4)q;
+  constexpr long long tiny = (1023LL - 125) << 52;  // the bits of 2^-125
+  const i64x4 risky = (((b + (8 - (1LL << 28))) & 0x1fffffff) < 17) | ((b > 0) & (b < tiny));
+  if (__builtin_expect(!__builtin_ia32_ptestz256(risky, risky), 0)) q = span / double(Qmax);
+  return __builtin_convertvector(q, f32x4);
+}
+
 //! Encodes 1 <= `count` <= group_blocks<F>() full blocks (block k at x[k]) of a format whose meta reads
 //! lo and hi (the asymmetric integers) with nearest rounding into their packed codes (codes + k *
 //! code bytes) and meta bytes (meta + k * F::meta_bytes), exactly as encode_block does: vector
@@ -1392,8 +1414,7 @@ QCOLL_AVX2 inline unsigned encode_full_blocks(const T* const* x, std::size_t cou
         half4 ? __builtin_shufflevector(lo, lo, 4, 5, 6, 7) : __builtin_shufflevector(lo, lo, 0, 1, 2, 3);
     const f32x4 h4 =
         half4 ? __builtin_shufflevector(hi, hi, 4, 5, 6, 7) : __builtin_shufflevector(hi, hi, 0, 1, 2, 3);
-    const f64x4 span = to_f64(h4) - to_f64(l4);
-    scale_part[half4] = __builtin_convertvector(span / double(F::qmax), f32x4);
+    scale_part[half4] = span_scale<F::qmax>(to_f64(h4) - to_f64(l4));
   }
   const f32x8 scale = __builtin_shufflevector(scale_part[0], scale_part[1], 0, 1, 2, 3, 4, 5, 6, 7);
   // The metas (scale, offset = lo): all eight with two stores when the group is whole (the caller
