@@ -1,7 +1,7 @@
 // Host quantizer throughput: quantize and dequantize of every block format and input type, in
 // GB/s of bytes read + written and G elements/s, next to a memcpy of the input measured in the
 // same run (interleaved: memcpy, quantize, memcpy, dequantize, dequantize-accumulate per
-// repetition; a format's rows of every input type one after the other). Buffers are far
+// repetition, and the repetitions of a format's input types in turns). Buffers are far
 // larger than the last-level cache. After timing, results are checked against a scalar
 // re-computation from the format's per-element functions (sampled blocks) and, where it holds,
 // against quantize(dequantize(message)) == message. Exit status: 0, or 1 if a check failed, or 2
@@ -317,8 +317,16 @@ struct Result {
 void copy_bytes(void* dst, const void* src, std::size_t bytes) { std::memcpy(dst, src, bytes); }
 void (*volatile g_copy)(void*, const void*, std::size_t) = copy_bytes;
 
+// The timings of one case (format, block, input type) over its repetitions so far.
+struct Timings {
+  std::vector<double> tc, tq, tdq, tacc;
+};
+
+// One repetition of a case: memcpy, quantize, memcpy, dequantize, dequantize-accumulate, each
+// timed (kept when `record`). `last`: then the result checks run, on this repetition's message and
+// output, and r gets the case's figures (medians of the kept timings).
 template <class F, class T>
-Result run_case(Buffers& buf, std::size_t n, const Options& o) {
+void run_rep(Buffers& buf, std::size_t n, const Options& o, bool record, bool last, Timings& tm, Result& r) {
   const T* in = buf.in.as<T>();
   T* out = buf.out.as<T>();
   const std::size_t in_bytes = n * sizeof(T);
@@ -326,31 +334,29 @@ Result run_case(Buffers& buf, std::size_t n, const Options& o) {
   host::QuantizeOptions qo;
   qo.rounding = o.rounding;
   qo.seed = 0x5eed;
-  std::vector<double> tc, tq, tdq, tacc;
   float* acc = buf.acc.as<float>();
-  for (int rep = 0; rep < o.warmup + o.iters; ++rep) {
-    const double c1 = bench::time_seconds([&] { g_copy(buf.copy.data(), in, in_bytes); });
-    const double q = bench::time_seconds([&] { host::quantize<F>(in, n, buf.msg.data(), pb, qo); });
-    const double c2 = bench::time_seconds([&] { g_copy(buf.copy.data(), in, in_bytes); });
-    const double dq = bench::time_seconds([&] { host::dequantize<F>(buf.msg.data(), pb, out, n); });
-    const double ac =
-        bench::time_seconds([&] { host::dequantize_accumulate<F>(buf.msg.data(), pb, acc, n); });
-    if (rep < o.warmup) continue;
-    tc.push_back(c1);
-    tc.push_back(c2);
-    tq.push_back(q);
-    tdq.push_back(dq);
-    tacc.push_back(ac);
+  const double c1 = bench::time_seconds([&] { g_copy(buf.copy.data(), in, in_bytes); });
+  const double q = bench::time_seconds([&] { host::quantize<F>(in, n, buf.msg.data(), pb, qo); });
+  const double c2 = bench::time_seconds([&] { g_copy(buf.copy.data(), in, in_bytes); });
+  const double dq = bench::time_seconds([&] { host::dequantize<F>(buf.msg.data(), pb, out, n); });
+  const double ac = bench::time_seconds([&] { host::dequantize_accumulate<F>(buf.msg.data(), pb, acc, n); });
+  if (record) {
+    tm.tc.push_back(c1);
+    tm.tc.push_back(c2);
+    tm.tq.push_back(q);
+    tm.tdq.push_back(dq);
+    tm.tacc.push_back(ac);
   }
-  Result r{};
+  if (!last) return;
+  r = Result{};
   r.format = format_name(F::id);
   r.block = F::block;
   r.type = dtype_of<T>::value;
   r.n = n;
-  r.t_copy = bench::median(tc);
-  r.t_q = bench::median(tq);
-  r.t_dq = bench::median(tdq);
-  r.t_acc = bench::median(tacc);
+  r.t_copy = bench::median(tm.tc);
+  r.t_q = bench::median(tm.tq);
+  r.t_dq = bench::median(tm.tdq);
+  r.t_acc = bench::median(tm.tacc);
   r.in_bytes = in_bytes;
   r.msg_bytes = pb;
   r.wrong_q = check_quantized<F>(in, n, buf.msg.data(), qo);
@@ -359,25 +365,28 @@ Result run_case(Buffers& buf, std::size_t n, const Options& o) {
     host::quantize<F>(out, n, buf.msg2.data(), pb, qo);
     for (std::size_t k = 0; k < pb; ++k) r.wrong_dq += buf.msg.data()[k] != buf.msg2.data()[k];
   }
-  return r;
 }
 
 template <class T>
-Result run_typed(FormatId id, std::size_t block, Buffers& buf, std::size_t n, const Options& o) {
-  return dispatch_format(id, block, [&](auto f) { return run_case<decltype(f), T>(buf, n, o); });
+void rep_typed(FormatId id, std::size_t block, Buffers& buf, std::size_t n, const Options& o, bool record,
+               bool last, Timings& tm, Result& r) {
+  dispatch_format(id, block, [&](auto f) {
+    run_rep<decltype(f), T>(buf, n, o, record, last, tm, r);
+    return 0;
+  });
 }
 
-Result run_any(DType t, FormatId id, std::size_t block, Buffers& buf, std::size_t n, const Options& o) {
+void rep_any(DType t, FormatId id, std::size_t block, Buffers& buf, std::size_t n, const Options& o,
+             bool record, bool last, Timings& tm, Result& r) {
 #if QCOLL_BENCH_QUICK_BUILD
   (void)t;  // parse() admits f32 only: a third of the instantiations
-  return run_typed<float>(id, block, buf, n, o);
+  rep_typed<float>(id, block, buf, n, o, record, last, tm, r);
 #else
   switch (t) {
-    case DType::f32: return run_typed<float>(id, block, buf, n, o);
-    case DType::bf16: return run_typed<bfloat16>(id, block, buf, n, o);
-    case DType::f16: return run_typed<half>(id, block, buf, n, o);
+    case DType::f32: return rep_typed<float>(id, block, buf, n, o, record, last, tm, r);
+    case DType::bf16: return rep_typed<bfloat16>(id, block, buf, n, o, record, last, tm, r);
+    case DType::f16: return rep_typed<half>(id, block, buf, n, o, record, last, tm, r);
   }
-  return run_typed<float>(id, block, buf, n, o);
 #endif
 }
 
@@ -565,9 +574,9 @@ int main(int argc, char** argv) {
                      dtype_name(o.types[ti]), bench::format_bytes(static_cast<double>(bytes)).c_str());
     }
     Buffers buf;
-    // One input per type, filled once (also the first touch of its pages): a format's rows of
-    // every type run one after the other, so that the comparisons between types (elements per
-    // second of 16-bit input against fp32 input) are of runs seconds apart, not minutes.
+    // One input per type, filled once (also the first touch of its pages): a format's input types
+    // take turns repetition by repetition, so that the comparisons between types (elements per
+    // second of 16-bit input against fp32 input) are of runs side by side.
     std::vector<bench::Buffer> inputs(o.types.size());
     for (std::size_t ti = 0; ti < o.types.size(); ++ti) {
       buf.in.resize(counts[ti] * dtype_size(o.types[ti]));
@@ -603,13 +612,22 @@ int main(int argc, char** argv) {
       std::vector<std::size_t> blocks = o.blocks;
       if (fixed_block(id)) blocks.assign(1, 0);
       for (std::size_t b : blocks) {
+        // The input types' repetitions in turns (f32, bf16, f16, f32, ...), so that the comparisons
+        // between types are of runs side by side, not seconds apart.
+        std::vector<Timings> tms(o.types.size());
+        std::vector<Result> rs(o.types.size());
+        const int reps = o.warmup + o.iters;
+        for (int rep = 0; rep < reps; ++rep)
+          for (std::size_t ti = 0; ti < o.types.size(); ++ti) {
+            std::swap(buf.in, inputs[ti]);
+            rep_any(o.types[ti], id, b, buf, counts[ti], o, rep >= o.warmup, rep + 1 == reps, tms[ti],
+                    rs[ti]);
+            std::swap(buf.in, inputs[ti]);
+          }
         for (std::size_t ti = 0; ti < o.types.size(); ++ti) {
           const DType t = o.types[ti];
           const std::size_t n = counts[ti];
-          std::swap(buf.in, inputs[ti]);
-          const Result r = run_any(t, id, b, buf, n, o);
-          std::swap(buf.in, inputs[ti]);
-          results.push_back(r);
+          const Result& r = rs[ti];
           const double copy_gbs = 2.0 * static_cast<double>(r.in_bytes) / r.t_copy * 1e-9;
           const double moved = static_cast<double>(r.in_bytes + r.msg_bytes);
           const double q_gbs = moved / r.t_q * 1e-9, dq_gbs = moved / r.t_dq * 1e-9;
@@ -673,7 +691,7 @@ int main(int argc, char** argv) {
     if (r.type == DType::f32) continue;
     for (const Result& f : results) {
       if (f.type != DType::f32 || f.format != r.format || f.block != r.block) continue;
-      // elements per second relative to the f32 input row (each against its own memcpy run)
+      // elements per second relative to the f32 input row, their repetitions taken in turns
       check(name + " quantize Gelem/s", (r.n / r.t_q) / (f.n / f.t_q), 1.0, "x f32's");
       check(name + " dequantize Gelem/s", (r.n / r.t_dq) / (f.n / f.t_dq), 1.0, "x f32's");
     }
