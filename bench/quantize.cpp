@@ -646,6 +646,7 @@ int main(int argc, char** argv) {
                      bench::strf("%.3f", n / r.t_acc * 1e-9), bench::strf("%.2f", copy_gbs),
                      bench::strf("%.2f", acc_gbs / copy_gbs), "-"});
           if (r.wrong_q != 0 || r.wrong_dq != 0) failed = true;
+          results.push_back(r);
         }
       }
     }
