@@ -1070,19 +1070,34 @@ inline std::size_t prefetch_ahead() {
   return sizeof(T) == 4 && __builtin_cpu_is("intel") ? 2048 : 4096;
 }
 
+//! How much further than prefetch_ahead<T>() prefetch_next also requests its lines into L2, in
+//! bytes: they then arrive ahead of the L1 requests, which find them there (the processor's own L2
+//! prefetcher stops at each 4 KiB boundary, so each page began with misses the L1 requests alone
+//! did not hide). Quantize from memory (Intel Xeon, 64 Mi N(0, 1) values in 2 MiB pages, side by
+//! side, two rounds), fp32 input: 1.00-1.20x (int8 at blocks 32 and 2048 1.11x and 1.19x, int4
+//! at 256 1.11x; e4m3 at 32 and 2048 1.05x and 1.08x; int8a at 32 1.07x; MXFP8 1.05x; NVFP4 and
+//! MXFP4 1.02-1.04x; MXFP6 level); bfloat16 input 0.99-1.16x (int8 at 2048 1.16x, int4 at 256 1.09x, at
+//! 32 1.05x; most formats level). In the caches the two requests per line cost up to 3% (int8 at
+//! block 32, 64 Ki and 1 Mi values). 16 KiB further measured like 4 KiB for most formats, but left
+//! the asymmetric integers at block 256 0.94-0.97x.
+inline constexpr std::size_t l2_prefetch_further = 4096;
+
 //! Prefetches the lines of the 32 elements of T that lie `ahead` (prefetch_ahead<T>()) bytes past the
-//! group of F that holds p[0, 32). encode_full_run reads each group twice, for its statistics and
-//! to encode it; the second read hits the caches, and the prefetches issued there keep the memory
-//! busy while the codes are computed. Issued in the statistics loop instead, they left FP8 and MX
-//! quantize of fp32 input 12-32% slower, and int4 at block 2048 24% slower with bf16 input (no
-//! different with fp32). encode_full_blocks (the asymmetric integers) likewise: there, instead of
-//! one group ahead in the statistics loop, 1.09-1.28x from memory at block 2048, 1.01-1.15x at
-//! 256, level at 32 (AMD EPYC).
+//! group of F that holds p[0, 32), and those l2_prefetch_further bytes beyond into L2.
+//! encode_full_run reads each group twice, for its statistics and to encode it; the second read
+//! hits the caches, and the prefetches issued there keep the memory busy while the codes are
+//! computed. Issued in the statistics loop instead, they left FP8 and MX quantize of fp32 input
+//! 12-32% slower, and int4 at block 2048 24% slower with bf16 input (no different with fp32).
+//! encode_full_blocks (the asymmetric integers) likewise: there, instead of one group ahead in the
+//! statistics loop, 1.09-1.28x from memory at block 2048, 1.01-1.15x at 256, level at 32 (AMD EPYC).
 template <class F, class T>
 QCOLL_AVX2_INLINE void prefetch_next(const T* p, std::size_t ahead) {
   const char* q = reinterpret_cast<const char*>(p) + ahead + group_blocks<F>() * F::block * sizeof(T);
   QCOLL_UNROLL
-  for (std::size_t line = 0; line < 32 * sizeof(T); line += 64) __builtin_prefetch(q + line);
+  for (std::size_t line = 0; line < 32 * sizeof(T); line += 64) {
+    __builtin_prefetch(q + line);
+    __builtin_prefetch(q + l2_prefetch_further + line, 0, 2);  // prefetcht1: into L2
+  }
 }
 
 //! Whether load16 pairs the elements of T: bfloat16 widens by interleaving with zero words (one
