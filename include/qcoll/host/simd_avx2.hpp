@@ -1076,10 +1076,10 @@ inline std::size_t prefetch_ahead() {
 //! did not hide). Quantize from memory (Intel Xeon, 64 Mi N(0, 1) values in 2 MiB pages, side by
 //! side, two rounds), fp32 input: 1.00-1.20x (int8 at blocks 32 and 2048 1.11x and 1.19x, int4
 //! at 256 1.11x; e4m3 at 32 and 2048 1.05x and 1.08x; int8a at 32 1.07x; MXFP8 1.05x; NVFP4 and
-//! MXFP4 1.02-1.04x; MXFP6 level); bfloat16 input 0.99-1.16x (int8 at 2048 1.16x, int4 at 256 1.09x, at
-//! 32 1.05x; most formats level). In the caches the two requests per line cost up to 3% (int8 at
-//! block 32, 64 Ki and 1 Mi values). 16 KiB further measured like 4 KiB for most formats, but left
-//! the asymmetric integers at block 256 0.94-0.97x.
+//! MXFP4 1.02-1.04x; MXFP6 level); bfloat16 input 0.99-1.16x (int8 at 2048 1.16x, int4 at 256
+//! 1.09x, int8 and int4 at 32 1.05x; the other formats level). In the caches the two requests per
+//! line cost up to 3% (int8 at block 32, 64 Ki and 1 Mi values). 16 KiB further measured like 4 KiB
+//! for most formats, but left the asymmetric integers at block 256 0.94-0.97x.
 inline constexpr std::size_t l2_prefetch_further = 4096;
 
 //! Prefetches the lines of the 32 elements of T that lie `ahead` (prefetch_ahead<T>()) bytes past the
