@@ -504,6 +504,16 @@ TEST_CASE("bad arguments raise qcoll::Error naming the argument; nothing is writ
   CHECK(untouched());
   m = msg_of([&] { host::quantize<F>(x.data(), 300, nullptr, out.size()); });
   CHECK(m.find("'out'") != std::string::npos);
+  // A message whose bytes overlap the input (here its last bytes, then its first).
+  std::vector<float> buf(300 + out.size() / 4 + 2, 1.0f);
+  const std::vector<float> before = buf;
+  m = msg_of([&] { host::quantize<F>(buf.data() + 2, 300, buf.data(), out.size()); });
+  CHECK(m.find("'out'") != std::string::npos);
+  CHECK(m.find("overlaps the input") != std::string::npos);
+  m = msg_of([&] { host::quantize<F>(buf.data(), 300, buf.data() + 299, out.size()); });
+  CHECK(m.find("overlaps the input") != std::string::npos);
+  CHECK(buf == before);
+  CHECK(host::quantize<F>(buf.data(), 300, buf.data() + 300, out.size()) == out.size());  // adjacent
 
   // Decoding checks the header: wrong format, wrong count, too-short buffer.
   host::quantize<F>(x.data(), 300, out.data(), out.size());

@@ -458,6 +458,42 @@ TEST_CASE("NVFP4 block scales around the smallest normal float quantize like the
   check_nvfp4_scales_near_normal_min<bfloat16>();
 }
 
+// NVFP4's message maximum pass leaves each block's maximum in the run's code bytes for the encode
+// pass, which the codes then overwrite (absmax_entries). Runs of whole groups of 8 blocks and of a
+// partial one, of every input type and kind (non-finite blocks and blocks with subnormal scales
+// handed back to the scalar encoder), from a contiguous array and from a source whose blocks form
+// two runs apart in memory (each run keeps its maxima in its own codes): the portable loops' bytes.
+template <class T>
+std::size_t nvfp4_entries_mismatches() {
+  constexpr std::size_t B = NvFp4::block;
+  std::size_t bad = 0;
+  for (std::size_t nb : {std::size_t{8}, std::size_t{8 * 37 + 5}, std::size_t{8 * 64 + 1}})
+    for (Kind kind : kKinds) {
+      const std::size_t n = nb * B + 7;  // and a partial last block
+      const auto x =
+          make_input<T>(kind, n + B, B, static_cast<unsigned>(nb + 3 * static_cast<unsigned>(kind)));
+      bad += !quantizes_like_portable<NvFp4>(
+          std::vector<T>(x.begin(), x.begin() + static_cast<std::ptrdiff_t>(n)));
+      // blocks [0, cut) from x, the others one block further on: two runs of full blocks
+      const std::size_t cut = nb / 3;
+      const auto src = [&](std::size_t b) {
+        const std::size_t first = b * B;
+        return host::detail::BlockSource<T>{x.data() + first + (b < cut ? 0 : B), std::min(B, n - first)};
+      };
+      std::vector<unsigned char> want(packed_bytes<NvFp4>(n)), got(want.size(), 0xAB);
+      host::detail::quantize_blocks_impl<NvFp4, T>(n, src, want.data(), host::QuantizeOptions{});
+      host::detail::quantize_blocks<NvFp4, T>(n, src, got.data(), host::QuantizeOptions{});
+      bad += got != want;
+    }
+  return bad;
+}
+
+TEST_CASE("NVFP4 block maxima kept in the codes between the two passes: the portable loops' bytes") {
+  CHECK(nvfp4_entries_mismatches<float>() == 0u);
+  CHECK(nvfp4_entries_mismatches<bfloat16>() == 0u);
+  CHECK(nvfp4_entries_mismatches<half>() == 0u);
+}
+
 // MX kernels scale by 2^-X in one multiplication where the scalar functions take two: the codes
 // are the same, also where the scaled value falls below the smallest normal float. Blocks with
 // absmax from 2 to 2^101 (X > 0 for most) holding values scaled to around and below 2^-126,

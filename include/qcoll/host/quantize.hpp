@@ -186,9 +186,12 @@ inline std::size_t full_run_end(Source& src, std::size_t b, std::size_t nb, cons
 
 //! Message absmax over finite values, for formats with a per-message scale. Simd: each run of
 //! full blocks that follow each other in memory goes through one AVX2 reduction (the caller runs
-//! on a processor that has it).
+//! on a processor that has it); with `codes` (the message's codes, block b's at b *
+//! block_code_bytes), one that also leaves the run's block maxima there for encode_full_run
+//! (absmax_entries).
 template <class F, class T, bool Simd = false, class Source>
-inline float message_absmax(std::size_t nblocks, Source&& src) {
+inline float message_absmax(std::size_t nblocks, Source&& src,
+                            [[maybe_unused]] unsigned char* codes = nullptr) {
   float amax = 0.0f;
   for (std::size_t b = 0; b < nblocks;) {
     const BlockSource<T> s = src(b);
@@ -197,7 +200,10 @@ inline float message_absmax(std::size_t nblocks, Source&& src) {
       static_assert(F::block % 16 == 0, "the AVX2 reduction takes multiples of 16 elements");
       const std::size_t end = full_run_end<F>(src, b, nblocks, s);
       if (end > b) {
-        amax = fp::max(amax, avx2::absmax_finite(s.ptr, (end - b) * F::block));
+        const float m = codes != nullptr ? avx2::absmax_entries<F>(
+                                               s.ptr, end - b, codes + b * MessageLayout<F>::block_code_bytes)
+                                         : avx2::absmax_finite(s.ptr, (end - b) * F::block);
+        amax = fp::max(amax, m);
         b = end;
         continue;
       }
@@ -229,14 +235,17 @@ inline std::uint32_t quantize_blocks_impl(std::size_t n, Source&& src, void* out
   std::memset(base + sizeof(MessageHeader), 0, L::codes_offset - sizeof(MessageHeader));
   std::memset(base + codes_end, 0, L::metas_offset(n) - codes_end);
   std::memset(base + metas_end, 0, L::bytes(n) - metas_end);
-  float mscale = 0.0f;
-  if constexpr (has_message_scale<F>) {
-    mscale = F::message_scale(message_absmax<F, T, Simd>(nb, src));
-    ::qcoll::detail::store_f32(base + L::message_meta_offset, mscale);
-  }
   bool bad = false;
   unsigned char* const codes = base + L::codes_offset;
   unsigned char* const metas = base + L::metas_offset(n);
+  // Whether the message maximum's pass leaves each run's block maxima in the codes for the kernels'
+  // encode pass (only the kernels read them, and only with nearest rounding; the codes overwrite them)
+  [[maybe_unused]] const bool entries = Simd && opt.rounding == Rounding::nearest;
+  float mscale = 0.0f;
+  if constexpr (has_message_scale<F>) {
+    mscale = F::message_scale(message_absmax<F, T, Simd>(nb, src, entries ? codes : nullptr));
+    ::qcoll::detail::store_f32(base + L::message_meta_offset, mscale);
+  }
 #if QCOLL_HOST_AVX2_DISPATCH
   // 8-bit integer codes far beyond the caches are written as memcpy writes them, without first
   // reading their lines (non-temporal stores; fenced below). Their encoding is cheap, so the kernel
@@ -265,7 +274,8 @@ inline std::uint32_t quantize_blocks_impl(std::size_t n, Source&& src, void* out
             encode(b + k, BlockSource<T>{s0.ptr + k * F::block, F::block});
           };
           avx2::encode_full_run<F>(s0.ptr, end - b, mscale, codes + b * L::block_code_bytes,
-                                   metas + b * F::meta_bytes, stream, avx2::BlockRedo::of(redo));
+                                   metas + b * F::meta_bytes, stream, avx2::BlockRedo::of(redo),
+                                   has_message_scale<F> && entries);
           b = end;
           continue;
         }
@@ -670,7 +680,8 @@ inline const char* kernel_isa() {
 //! Returns the bytes written (packed_bytes<F>(n)). Blocks holding NaN/Inf get a NaN scale and set
 //! kFlagNonFinite in the header (so does an Identity<half/bfloat16> overflow). Throws
 //! qcoll::Error, writing nothing, if n > max_count<F>(), in is null with n > 0 or not aligned to
-//! alignof(T), out is null or out_bytes is too small. `out` needs no alignment. O(n) time, no
+//! alignof(T), out is null or out_bytes is too small, or the message's bytes overlap in[0, n) (the
+//! input is read while the message is written). `out` needs no alignment. O(n) time, no
 //! allocation.
 template <class F, class T>
 std::size_t quantize(const T* in, std::size_t n, void* out, std::size_t out_bytes,
@@ -680,6 +691,9 @@ std::size_t quantize(const T* in, std::size_t n, void* out, std::size_t out_byte
   check_aligned("host::quantize", "in", in, alignof(T));
   QCOLL_REQUIRE(out != nullptr, "host::quantize", "out", "null", "needs", need << " bytes");
   QCOLL_REQUIRE(out_bytes >= need, "host::quantize", "out_bytes", out_bytes, "is below the required", need);
+  const std::uintptr_t i0 = reinterpret_cast<std::uintptr_t>(in), o0 = reinterpret_cast<std::uintptr_t>(out);
+  QCOLL_REQUIRE(n == 0 || o0 + need <= i0 || i0 + n * sizeof(T) <= o0, "host::quantize", "out", out,
+                "overlaps the input", static_cast<const void*>(in) << " (" << n * sizeof(T) << " bytes)");
   detail::quantize_blocks<F, T>(n, detail::ArraySource<T, F::block>{in, n}, out, opt);
   return need;
 }
