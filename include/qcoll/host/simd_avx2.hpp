@@ -1871,10 +1871,11 @@ QCOLL_AVX2_INLINE i32x8 group_entries(const T* p, std::size_t n, unsigned char* 
 //! so that its encode pass is left with the arithmetic of the codes. F with a message scale
 //! (NVFP4: blocks of 16, groups of 8). One read of x, as four streams a quarter of each stream of
 //! run_streams apart, O(n); the maxima take a sixteenth of the input's bytes (fp32: float bits;
-//! half, bfloat16: 16-bit patterns). Quantize (both passes) from memory, against absmax_finite and
-//! a reduction in the encode pass (AMD EPYC, 64 Mi N(0, 1) values, side by side): fp32 input
-//! 1.05-1.08x, bfloat16 1.10-1.15x; in the caches 1.11-1.12x. This pass itself takes 1.13-1.2x
-//! absmax_finite's time (one stream: 1.25x).
+//! half, bfloat16: 16-bit patterns). Where a block holds NaN or ±Inf, absmax_finite then reads x
+//! again for the maximum of the finite values (those of such blocks count). Quantize (both passes) from
+//! memory, against absmax_finite and a reduction in the encode pass (AMD EPYC, 64 Mi N(0, 1) values, side by
+//! side): fp32 input 1.05-1.08x, bfloat16 1.10-1.15x; in the caches 1.11-1.12x. This pass itself
+//! takes 1.13-1.2x absmax_finite's time (one stream: 1.25x).
 template <class F, class T>
 QCOLL_AVX2 inline float absmax_entries(const T* x, std::size_t nblocks, unsigned char* codes) {
   static_assert(F::block == 16 && group_blocks<F>() == 8, "groups of eight blocks of 16");
@@ -1892,16 +1893,16 @@ QCOLL_AVX2 inline float absmax_entries(const T* x, std::size_t nblocks, unsigned
       QCOLL_UNROLL
       for (std::size_t t = 0; t < 4; ++t) {
         const std::size_t b = t * quarter + g;
-        const i32x8 z = group_entries<F>(xs + b * F::block, 8, e + b * eb);
-        m = vmax(m, z & (z < inf));
+        m = vmax(m, group_entries<F>(xs + b * F::block, 8, e + b * eb));
       }
     }
     for (std::size_t b = 4 * quarter; b < count; b += 8) {
-      const i32x8 z = group_entries<F>(xs + b * F::block, count - b < 8 ? count - b : 8, e + b * eb);
-      m = vmax(m, z & (z < inf));
+      m = vmax(m, group_entries<F>(xs + b * F::block, count - b < 8 ? count - b : 8, e + b * eb));
     }
   }
   const int r = reduce<true>(m);
+  // a block holding NaN or ±Inf: the finite values' maximum by absmax_finite (another read)
+  if (r >= inf) return absmax_finite(x, nblocks * F::block);
   if constexpr (sizeof(T) == 4) {
     return fp::from_bits(static_cast<std::uint32_t>(r));
   } else {
