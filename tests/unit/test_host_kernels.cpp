@@ -578,6 +578,52 @@ TEST_CASE_TEMPLATE("MX blocks of random bfloat16 and half patterns quantize like
   check_mx_random_patterns<F, float>();
 }
 
+// MXFP4 codes of 16-bit input are computed on the patterns, its two subnormal codes by comparisons
+// with a quarter and three quarters of 2^emin (= 1). Blocks whose scaled values hit every rounding
+// tie of E2M1 (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5), both neighbours of each, zeros and the
+// smallest subnormal inputs, at block scales 2^-n for n around the largest n at which zero and
+// subnormal inputs still read as code 0 on the patterns (bfloat16: 124, half: 12) and across the
+// range: the portable loops' bytes.
+template <class T>
+void check_mxfp4_16bit_ties() {
+  constexpr bool is_half = std::is_same<T, half>::value;
+  const float tiny = is_half ? std::ldexp(1.0f, -24) : std::ldexp(1.0f, -133);
+  const float ties[] = {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f};
+  const int ns[] = {-12, -1, 0,  1,  2,   5,   10,  11,  12,  13,  14,
+                    15,  16, 20, 60, 120, 123, 124, 125, 126, 127, 128};
+  std::mt19937_64 g(29);
+  for (int n : ns) {
+    const float amax = std::ldexp(4.0f, -n);  // the block's scale is 2^-n
+    if (is_half && (amax > 65504.0f || amax < std::ldexp(1.0f, -24))) continue;
+    std::vector<T> x(4 * MxFp4::block);
+    for (std::size_t b = 0; b < 4; ++b) {
+      T* blk = x.data() + b * MxFp4::block;
+      for (std::size_t i = 0; i < MxFp4::block; ++i) {
+        const float t = ties[(i + b) % 7];
+        // the tie, or the next T value above or below it
+        const T v = from_float<T>(std::ldexp(t, -n));
+        T w = v;
+        if (b == 1) w.bits = static_cast<std::uint16_t>(v.bits + 1);
+        if (b == 2) w.bits = static_cast<std::uint16_t>(v.bits - 1);
+        if (b == 3)
+          w = from_float<T>(i % 3 == 0   ? 0.0f
+                            : i % 3 == 1 ? tiny
+                                         : std::ldexp(t, -n) * (g() % 2 ? 0.5f : 0.25f));
+        blk[i] = w;
+        if (g() % 2) blk[i].bits = static_cast<std::uint16_t>(blk[i].bits | 0x8000u);
+      }
+      blk[(5 * b) % MxFp4::block] = from_float<T>(b % 2 ? -amax : amax);
+    }
+    CAPTURE(n);
+    CHECK(quantizes_like_portable<MxFp4>(x));
+  }
+}
+
+TEST_CASE("MXFP4 of bfloat16 and half input at E2M1's rounding ties quantizes like the portable loops") {
+  check_mxfp4_16bit_ties<bfloat16>();
+  check_mxfp4_16bit_ties<half>();
+}
+
 // Messages no quantizer writes (as a peer's corrupted or hostile bytes may be): every code in
 // blocks whose scales are ±0, subnormal, near the saturation thresholds, huge, ±Inf or NaN (every
 // byte value for 1-byte metas), and several message scales. The decoders must give the scalar
