@@ -1683,29 +1683,41 @@ QCOLL_AVX2_INLINE unsigned char* entries_of(unsigned char* codes, std::size_t m)
   return codes + m * (code_bytes - entry_bytes<T>());
 }
 
+//! A vector V whose first `bytes` bytes are p[0, bytes), the rest zero; whole vectors with one load
+//! (a copy of a variable count of bytes goes through memory, and the load after it waits).
+template <class V>
+QCOLL_AVX2_INLINE V load_prefix(const unsigned char* p, std::size_t bytes) {
+  V v;
+  if (bytes == sizeof v) {
+    std::memcpy(&v, p, sizeof v);
+  } else {
+    unsigned char w[sizeof v] = {};
+    std::memcpy(w, p, bytes);
+    std::memcpy(&v, w, sizeof v);
+  }
+  return v;
+}
+
+//! The first `bytes` bytes of v to p[0, bytes); whole vectors with one store.
+template <class V>
+QCOLL_AVX2_INLINE void store_prefix(unsigned char* p, const V& v, std::size_t bytes) {
+  if (bytes == sizeof v) {
+    std::memcpy(p, &v, sizeof v);
+  } else {
+    unsigned char w[sizeof v];
+    std::memcpy(w, &v, sizeof v);
+    std::memcpy(p, w, bytes);
+  }
+}
+
 //! The maxima of `count` blocks (at most 8) that absmax_entries left at e, as group_meta_from takes
 //! them: float bits, zero in the lanes from count on.
 template <class T>
 QCOLL_AVX2_INLINE i32x8 load_entries(const unsigned char* e, std::size_t count) {
   if constexpr (sizeof(T) == 4) {
-    i32x8 v;
-    if (count == 8) {  // one load (a copy of count * 4 bytes would go through memory)
-      std::memcpy(&v, e, sizeof v);
-    } else {
-      int w[8] = {};
-      std::memcpy(w, e, count * 4);
-      std::memcpy(&v, w, sizeof v);
-    }
-    return v;
+    return load_prefix<i32x8>(e, count * 4);
   } else {
-    i16x8 h;
-    if (count == 8) {
-      std::memcpy(&h, e, sizeof h);
-    } else {
-      short w[8] = {};
-      std::memcpy(w, e, count * 2);
-      std::memcpy(&h, w, sizeof h);
-    }
+    const i16x8 h = load_prefix<i16x8>(e, count * 2);
     if constexpr (std::is_same<T, half>::value) return (i32x8)__builtin_ia32_vcvtph2ps256(h);
 #if defined(__clang__)
     return __builtin_convertvector((u16x8)h, i32x8) << 16;
@@ -1884,23 +1896,12 @@ QCOLL_AVX2_INLINE i32x8 group_entries(const T* p, std::size_t n, unsigned char* 
   }
   const i32x8 z = lane_tree<w16>(part);  // lane k: block k's largest |x| pattern
   if constexpr (w16) {
-    const i16x8 h = __builtin_ia32_packssdw128(__builtin_shufflevector(z, z, 0, 1, 2, 3),
-                                               __builtin_shufflevector(z, z, 4, 5, 6, 7));
-    if (n == 8) {
-      std::memcpy(e, &h, sizeof h);
-    } else {
-      short w[8];
-      std::memcpy(w, &h, sizeof h);
-      std::memcpy(e, w, n * 2);
-    }
+    store_prefix(e,
+                 __builtin_ia32_packssdw128(__builtin_shufflevector(z, z, 0, 1, 2, 3),
+                                            __builtin_shufflevector(z, z, 4, 5, 6, 7)),
+                 n * 2);
   } else {
-    if (n == 8) {
-      std::memcpy(e, &z, sizeof z);
-    } else {
-      int w[8];
-      std::memcpy(w, &z, sizeof z);
-      std::memcpy(e, w, n * 4);
-    }
+    store_prefix(e, z, n * 4);
   }
   return z;
 }
