@@ -1189,8 +1189,9 @@ struct Mx16 {
   //! The pattern of E's largest value written with T's fraction bits and exponent bias.
   static constexpr int max_pattern = static_cast<int>(((Fa::max_bits >> 23) - 127 + bias) << mbits) |
                                      static_cast<int>((Fa::max_bits >> (23 - mbits)) & ((1u << mbits) - 1));
-  //! E2M1: its two subnormal codes (0.5 and 1 are 2^emin times 1/2 and 1) are counted by two
-  //! comparisons (see code) instead of being left to codes32.
+  //! E2M1: the codes of magnitudes below 2^emin (0, the subnormal 1 for 2^emin / 2, and 2, the
+  //! code of 2^emin, which they round up to from 3/4 of it) come from two comparisons (see code)
+  //! instead of being left to codes32.
   static constexpr bool e2m1 = std::is_same<E, minifloat::E2M1>::value;
   i16x16 top, normal, half_step, one, half_less, three_quarters;
   QCOLL_AVX2_INLINE Mx16() {
@@ -1207,9 +1208,9 @@ struct Mx16 {
   //! Codes of sixteen magnitudes s (patterns less k), clamped to max_normal first as
   //! minifloat_magnitude does, rounded to nearest even; negative (code 0 once packed) below
   //! 2^emin. `sub` marks the lanes above half the smallest subnormal step and below 2^emin.
-  //! E2M1: no lane is marked; below 2^emin the code is the subnormal one, 1 above half the step
-  //! 2^emin / 2 (a tie rounds to the even 0) and 2 (the code of 2^emin) from 3/4 of 2^emin on (a tie
-  //! rounds to the even 2).
+  //! E2M1: no lane is marked; below 2^emin the code is 0 up to 2^emin / 4 (half the subnormal
+  //! step; the tie rounds to the even 0), 1 above it, and 2 (the code of 2^emin) from 3/4 of 2^emin
+  //! on (the tie rounds to the even 2).
   QCOLL_AVX2_INLINE i16x16 code(i16x16 s, i16x16& sub) const {
 #if defined(__clang__)
     s = __builtin_elementwise_min(s, top);
@@ -1909,14 +1910,14 @@ QCOLL_AVX2_INLINE i32x8 group_entries(const T* p, std::size_t n, unsigned char* 
 //! absmax_finite of a run of `nblocks` full blocks of F at x that also leaves each block's largest
 //! |x| (NaN and ±Inf included) in the run's code bytes at `codes`, where encode_full_run (entries =
 //! true) reads them instead of reducing the blocks again (entries_of, per stream of run_streams),
-//! so that its encode pass is left with the arithmetic of the codes. F with a message scale
-//! (NVFP4: blocks of 16, groups of 8). One read of x, as four streams a quarter of each stream of
+//! so that its encode pass is left with the arithmetic of the codes. F with a message scale (NVFP4:
+//! blocks of 16, groups of 8). One read of x, as four streams a quarter of each stream of
 //! run_streams apart, O(n); the maxima take a sixteenth of the input's bytes (fp32: float bits;
 //! half, bfloat16: 16-bit patterns). Where a block holds NaN or ±Inf, absmax_finite then reads x
-//! again for the maximum of the finite values (those of such blocks count). Quantize (both passes) from
-//! memory, against absmax_finite and a reduction in the encode pass (AMD EPYC, 64 Mi N(0, 1) values, side by
-//! side): fp32 input 1.05-1.08x, bfloat16 1.10-1.15x; in the caches 1.11-1.12x. This pass itself
-//! takes 1.13-1.2x absmax_finite's time (one stream: 1.25x).
+//! again for the maximum of the finite values (those of such blocks count). Quantize (both passes)
+//! from memory, against absmax_finite and a reduction in the encode pass (AMD EPYC, 64 Mi N(0, 1)
+//! values, side by side): fp32 input 1.05-1.09x, bfloat16 1.10-1.15x; in the caches 1.11-1.12x.
+//! This pass itself takes 1.13-1.2x absmax_finite's time (one stream: 1.25x).
 template <class F, class T>
 QCOLL_AVX2 inline float absmax_entries(const T* x, std::size_t nblocks, unsigned char* codes) {
   static_assert(F::block == 16 && group_blocks<F>() == 8, "groups of eight blocks of 16");
