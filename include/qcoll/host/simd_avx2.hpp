@@ -1307,8 +1307,10 @@ struct Mx16 {
 //! elements and more) AbsmaxSide, which gathers the next group's statistics on the way: side.chunk
 //! for the elements of block k that match those encoded, side.put once per block. The blocks are
 //! addressed from x: an array of their pointers, which each group filled and read back through
-//! memory, left int8 and int4 at block 32 8-13% slower in cache and MXFP8 6% slower (e4m3 at block
-//! 32 with bfloat16 input 3% faster; AMD EPYC, side by side, both orders of the two builds).
+//! memory, left int8 and int4 at block 32 8-13% slower in cache and MXFP8 6% slower, and with
+//! bfloat16 input from memory int8 and int4 at block 32 7-10% slower (but int8 at block 32 with
+//! fp32 input from memory, bound by the memory, 3-6% faster, and e4m3 at block 32 with bfloat16
+//! input 3% faster; AMD EPYC, side by side, both orders of the two builds).
 template <class F, class T, class Side>
 QCOLL_AVX2_INLINE void encode_group(const T* x, std::size_t count, const EncLanes& lanes,
                                     unsigned char* codes, bool stream, std::size_t ahead, Side&& side) {
