@@ -238,12 +238,12 @@ inline std::uint32_t quantize_blocks_impl(std::size_t n, Source&& src, void* out
   bool bad = false;
   unsigned char* const codes = base + L::codes_offset;
   unsigned char* const metas = base + L::metas_offset(n);
-  // Whether the message maximum's pass leaves each run's block maxima in the codes for the kernels'
-  // encode pass (only the kernels read them, and only with nearest rounding; the codes overwrite them)
-  [[maybe_unused]] const bool entries = Simd && opt.rounding == Rounding::nearest;
   float mscale = 0.0f;
   if constexpr (has_message_scale<F>) {
-    mscale = F::message_scale(message_absmax<F, T, Simd>(nb, src, entries ? codes : nullptr));
+    // with nearest rounding, the kernels' encode pass (encode_full_run) reads each run's block
+    // maxima that the message maximum's pass leaves in the codes (the codes overwrite them)
+    const bool nearest = opt.rounding == Rounding::nearest;
+    mscale = F::message_scale(message_absmax<F, T, Simd>(nb, src, Simd && nearest ? codes : nullptr));
     ::qcoll::detail::store_f32(base + L::message_meta_offset, mscale);
   }
 #if QCOLL_HOST_AVX2_DISPATCH
@@ -274,8 +274,7 @@ inline std::uint32_t quantize_blocks_impl(std::size_t n, Source&& src, void* out
             encode(b + k, BlockSource<T>{s0.ptr + k * F::block, F::block});
           };
           avx2::encode_full_run<F>(s0.ptr, end - b, mscale, codes + b * L::block_code_bytes,
-                                   metas + b * F::meta_bytes, stream, avx2::BlockRedo::of(redo),
-                                   has_message_scale<F> && entries);
+                                   metas + b * F::meta_bytes, stream, avx2::BlockRedo::of(redo));
           b = end;
           continue;
         }

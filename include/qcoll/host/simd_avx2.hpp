@@ -1082,6 +1082,17 @@ inline std::size_t prefetch_ahead() {
 //! for most formats, but left the asymmetric integers at block 256 0.94-0.97x.
 inline constexpr std::size_t l2_prefetch_further = 4096;
 
+//! Prefetches the lines of q[0, Bytes) into L1, and those l2_prefetch_further bytes beyond into L2
+//! (prefetch_next, absmax_entries).
+template <std::size_t Bytes>
+QCOLL_AVX2_INLINE void prefetch_lines(const char* q) {
+  QCOLL_UNROLL
+  for (std::size_t line = 0; line < Bytes; line += 64) {
+    __builtin_prefetch(q + line);
+    __builtin_prefetch(q + l2_prefetch_further + line, 0, 2);  // prefetcht1: into L2
+  }
+}
+
 //! Prefetches the lines of the 32 elements of T that lie `ahead` (prefetch_ahead<T>()) bytes past the
 //! group of F that holds p[0, 32), and those l2_prefetch_further bytes beyond into L2.
 //! encode_full_run reads each group twice, for its statistics and to encode it; the second read
@@ -1092,12 +1103,8 @@ inline constexpr std::size_t l2_prefetch_further = 4096;
 //! statistics loop, 1.09-1.28x from memory at block 2048, 1.01-1.15x at 256, level at 32 (AMD EPYC).
 template <class F, class T>
 QCOLL_AVX2_INLINE void prefetch_next(const T* p, std::size_t ahead) {
-  const char* q = reinterpret_cast<const char*>(p) + ahead + group_blocks<F>() * F::block * sizeof(T);
-  QCOLL_UNROLL
-  for (std::size_t line = 0; line < 32 * sizeof(T); line += 64) {
-    __builtin_prefetch(q + line);
-    __builtin_prefetch(q + l2_prefetch_further + line, 0, 2);  // prefetcht1: into L2
-  }
+  prefetch_lines<32 * sizeof(T)>(reinterpret_cast<const char*>(p) + ahead +
+                                 group_blocks<F>() * F::block * sizeof(T));
 }
 
 //! Whether load16 pairs the elements of T: bfloat16 widens by interleaving with zero words (one
@@ -1162,14 +1169,14 @@ QCOLL_AVX2_INLINE i8x32 codes32(const typename C::Enc& e0, const typename C::Enc
 
 //! Whether encode_group computes F's codes of T input on the 16-bit patterns (Mx16): MX formats
 //! with 8-bit minifloat elements, bfloat16 or half input.
+template <class E>
+constexpr bool mx_16_element = E::bits == 8 || std::is_same<E, minifloat::E2M1>::value;
 template <class F, class T>
 struct mx_16 : std::false_type {};
 template <class E>
-struct mx_16<MxFloat<E>, bfloat16>
-    : std::bool_constant<E::bits == 8 || std::is_same<E, minifloat::E2M1>::value> {};
+struct mx_16<MxFloat<E>, bfloat16> : std::bool_constant<mx_16_element<E>> {};
 template <class E>
-struct mx_16<MxFloat<E>, half> : std::bool_constant<E::bits == 8 || std::is_same<E, minifloat::E2M1>::value> {
-};
+struct mx_16<MxFloat<E>, half> : std::bool_constant<mx_16_element<E>> {};
 
 //! The codes of MxFloat<E> (8-bit elements) of T = bfloat16 or half input, computed on the 16-bit
 //! patterns: sixteen lanes per operation where codes32 widens to eight. The constants live in
@@ -1326,11 +1333,12 @@ QCOLL_AVX2_INLINE void encode_group(const T* x, std::size_t count, const EncLane
     unsigned wide = 0;
     const Mx16<E, T> narrow;
     for (std::size_t k = 0; k < count; ++k) {
-      prefetch_next<F>(x + k * F::block, ahead);
+      const T* xk = x + k * F::block;
+      prefetch_next<F>(xk, ahead);
       // the factor 2^n (n in [-127, 127]; 2^-127 has exponent field 0, which gives -127 too)
       const int n = static_cast<int>(fp::bits(lanes.b[k]) >> 23) - 127;
       i8x32 c;
-      if (narrow.codes32(x + k * F::block, n, c)) {
+      if (narrow.codes32(xk, n, c)) {
         store_codes32<F::code_bits, clean>(c, codes + k * code_bytes, stream);
       } else {
         wide |= 1u << k;
@@ -1339,21 +1347,21 @@ QCOLL_AVX2_INLINE void encode_group(const T* x, std::size_t count, const EncLane
     for (; wide != 0; wide &= wide - 1) {
       const std::size_t k = static_cast<std::size_t>(__builtin_ctz(wide));
       const Enc e{lanes.b[k]};
-      store_codes32<F::code_bits, clean>(codes32<C>(e, e, x + k * F::block, x + k * F::block + 16),
-                                         codes + k * code_bytes, stream);
+      const T* xk = x + k * F::block;
+      store_codes32<F::code_bits, clean>(codes32<C>(e, e, xk, xk + 16), codes + k * code_bytes, stream);
     }
   } else if constexpr (F::block == 16) {  // two blocks per 32 codes
     for (std::size_t k = 0; k < count; k += 2) {
       const Enc e0{lanes.b[k]};
+      const T* xk = x + k * F::block;
       unsigned char* out = codes + k * code_bytes;
-      prefetch_next<F>(x + k * F::block, ahead);
+      prefetch_next<F>(xk, ahead);
       if (k + 1 < count) {
         const Enc e1{lanes.b[k + 1]};
-        store_codes32<F::code_bits, clean>(codes32<C>(e0, e1, x + k * F::block, x + (k + 1) * F::block), out,
-                                           stream);
+        store_codes32<F::code_bits, clean>(codes32<C>(e0, e1, xk, xk + F::block), out, stream);
       } else {
         alignas(32) unsigned char tmp[32];  // the last block alone: its codes twice, the first kept
-        store_codes32<F::code_bits, clean>(codes32<C>(e0, e0, x + k * F::block, x + k * F::block), tmp);
+        store_codes32<F::code_bits, clean>(codes32<C>(e0, e0, xk, xk), tmp);
         std::memcpy(out, tmp, code_bytes);
       }
     }
@@ -1596,12 +1604,11 @@ QCOLL_AVX2_INLINE GroupMeta group_meta_of(const i32x8* part, std::size_t count, 
   return group_meta_from<F>(max_tree<T>(part), count, message_scale, meta);
 }
 
-//! Reduces the group of `count` full blocks at x (consecutive in memory) and writes its metas.
+//! The absmax_lanes of the group of `count` full blocks at x (consecutive in memory) as max_tree
+//! takes them: block k's in part[tree_slot(k)], zero vectors in the other slots.
 template <class F, class T>
-QCOLL_AVX2_INLINE GroupMeta group_meta(const T* x, std::size_t count, float message_scale,
-                                       unsigned char* meta) {
+QCOLL_AVX2_INLINE void group_parts(const T* x, std::size_t count, i32x8* part) {
   constexpr std::size_t G = group_blocks<F>();
-  i32x8 part[8];
   if (count == G) {  // unrolled, in registers
     QCOLL_UNROLL
     for (std::size_t k = 0; k < 8; ++k)
@@ -1610,6 +1617,14 @@ QCOLL_AVX2_INLINE GroupMeta group_meta(const T* x, std::size_t count, float mess
     for (std::size_t k = 0; k < 8; ++k) part[k] = i32x8{};
     for (std::size_t k = 0; k < count; ++k) part[tree_slot(k)] = absmax_lanes(x + k * F::block, F::block);
   }
+}
+
+//! Reduces the group of `count` full blocks at x (consecutive in memory) and writes its metas.
+template <class F, class T>
+QCOLL_AVX2_INLINE GroupMeta group_meta(const T* x, std::size_t count, float message_scale,
+                                       unsigned char* meta) {
+  i32x8 part[8];
+  group_parts<F>(x, count, part);
   return group_meta_of<F, T>(part, count, message_scale, meta);
 }
 
@@ -1639,13 +1654,6 @@ struct AbsmaxSide {
   }
 };
 
-//! encode_group for the `count` consecutive blocks at x of the group g.
-template <class F, class T, class Side>
-QCOLL_AVX2_INLINE void encode_group_at(const T* x, std::size_t count, const GroupMeta& g,
-                                       unsigned char* codes, bool stream, std::size_t ahead, Side& side) {
-  encode_group<F>(x, count, g.lanes, codes, stream, ahead, side);
-}
-
 //! Runs of encode_full_run from which it reads its input as two streams, in bytes of input: below
 //! it, one. See encode_full_run.
 inline constexpr std::size_t two_stream_run_bytes = std::size_t(1) << 20;
@@ -1666,15 +1674,10 @@ QCOLL_AVX2_INLINE RunStreams run_streams(std::size_t nblocks) {
   return two ? RunStreams{2, nblocks / 2} : RunStreams{1, nblocks};
 }
 
-//! Bytes of a block maximum that absmax_entries leaves for encode_full_run (NVFP4): the float bits of
-//! fp32 input, the 16-bit pattern of half or bfloat16 input (its maximum is one of its elements).
-template <class T>
-constexpr std::size_t entry_bytes() {
-  return sizeof(T) == 4 ? 4 : 2;
-}
-
-//! Where the block maxima of a stream of m blocks whose codes start at `codes` lie: the last m *
-//! entry_bytes<T>() bytes of those codes, block j's at j * entry_bytes<T>() from there. The codes
+//! Where the block maxima that absmax_entries leaves for encode_full_run (NVFP4) of a stream of m
+//! blocks whose codes start at `codes` lie: the last m * sizeof(T) bytes of those codes, block j's
+//! at j * sizeof(T) from there (the float bits of fp32 input, the 16-bit pattern of half or
+//! bfloat16 input, whose maximum is one of its elements). The codes
 //! of block j overlap only the maxima of blocks i <= j (for entry bytes e below the code bytes c of
 //! a block, the codes end at (j + 1) c, and i e + m (c - e) < (j + 1) c gives i < j + 1 as j < m), so
 //! that encode_full_run, which reads a group's maxima before it writes the codes of the group
@@ -1682,8 +1685,8 @@ constexpr std::size_t entry_bytes() {
 template <class F, class T>
 QCOLL_AVX2_INLINE unsigned char* entries_of(unsigned char* codes, std::size_t m) {
   constexpr std::size_t code_bytes = F::block * F::code_bits / 8;
-  static_assert(entry_bytes<T>() < code_bytes, "a block maximum fits in the block's code bytes");
-  return codes + m * (code_bytes - entry_bytes<T>());
+  static_assert(sizeof(T) < code_bytes, "a block maximum fits in the block's code bytes");
+  return codes + m * (code_bytes - sizeof(T));
 }
 
 //! A vector V whose first `bytes` bytes are p[0, bytes), the rest zero; whole vectors with one load
@@ -1763,13 +1766,13 @@ QCOLL_AVX2_INLINE GroupMeta group_meta_at(const T* x, const unsigned char* e, st
 //! group of block k for each block k that GroupMeta::skipped names (NaN or ±Inf, or a scale below
 //! the normal range; its codes and meta bytes unspecified until then). F without range statistics
 //! only. stream: codes written with non-temporal stores where they are 8 bits (codes 16-byte
-//! aligned; the caller fences). entries (F with a message scale): absmax_entries has left the
-//! blocks' maxima in the codes, which the groups' metas then read instead of the input. One
-//! instance per (F, T), whatever the caller's redo.
+//! aligned; the caller fences). F with a message scale (NVFP4): the caller has run absmax_entries
+//! over the same run, whose block maxima in the codes the groups' metas read instead of the input.
+//! One instance per (F, T), whatever the caller's redo.
 template <class F, class T>
 QCOLL_AVX2 inline void encode_full_run(const T* x, std::size_t nblocks, float message_scale,
-                                       unsigned char* codes, unsigned char* meta, bool stream, BlockRedo redo,
-                                       bool entries = false) {
+                                       unsigned char* codes, unsigned char* meta, bool stream,
+                                       BlockRedo redo) {
   static_assert(!Codec<F>::range, "range formats go through encode_full_blocks");
   constexpr std::size_t G = group_blocks<F>();
   constexpr std::size_t code_bytes = F::block * F::code_bits / 8;
@@ -1789,8 +1792,7 @@ QCOLL_AVX2 inline void encode_full_run(const T* x, std::size_t nblocks, float me
       // the block maxima of blocks [first, first + count), where absmax_entries left them
       const unsigned char* ep = nullptr;
       if constexpr (has_message_scale<F>)
-        if (entries)
-          ep = entries_of<F, T>(codes + s * per * code_bytes, rs.blocks(s, nblocks)) + r * entry_bytes<T>();
+        ep = entries_of<F, T>(codes + s * per * code_bytes, rs.blocks(s, nblocks)) + r * sizeof(T);
       GroupMeta next = group_meta_at<F>(xp, ep, group_count(0), message_scale, meta + first * F::meta_bytes);
       for (std::size_t b = 0; b < count; b += G) {
         const GroupMeta cur = next;
@@ -1801,15 +1803,15 @@ QCOLL_AVX2 inline void encode_full_run(const T* x, std::size_t nblocks, float me
         if constexpr (F::block >= 128) {
           // the next group's statistics inside this group's encoding
           AbsmaxSide<F, T> side{next_count > 0 ? xg + G * F::block : xg, next_count, xg, {}};
-          encode_group_at<F>(xg, group_count(b), cur, cg, stream, ahead, side);
+          encode_group<F>(xg, group_count(b), cur.lanes, cg, stream, ahead, side);
           if (next_count > 0) next = group_meta_of<F, T>(side.part, next_count, message_scale, mg);
         } else {
           // the next group's metas first, overlapping their latency with this group's codes
           if (next_count > 0)
-            next = group_meta_at<F>(xg + G * F::block, ep ? ep + (b + G) * entry_bytes<T>() : ep, next_count,
+            next = group_meta_at<F>(xg + G * F::block, ep ? ep + (b + G) * sizeof(T) : ep, next_count,
                                     message_scale, mg);
           NoSide none;
-          encode_group_at<F>(xg, group_count(b), cur, cg, stream, ahead, none);
+          encode_group<F>(xg, group_count(b), cur.lanes, cg, stream, ahead, none);
         }
         if (__builtin_expect(cur.skipped != 0, 0))
           for (unsigned k = cur.skipped; k != 0; k &= k - 1)
@@ -1825,6 +1827,16 @@ QCOLL_AVX2 inline void encode_full_run(const T* x, std::size_t nblocks, float me
 //! bfloat16 from memory (Intel Xeon, 64 Mi elements); 1 KiB gave 1.03-1.05x, 4 KiB 1.04-1.07x in
 //! some runs and 0.90-0.93x in others.
 inline constexpr std::size_t stream_prefetch_ahead = 2048;
+
+//! The value of a non-negative bit pattern r of T (float bits, or a 16-bit pattern), as float.
+template <class T>
+QCOLL_AVX2_INLINE float pattern_value(int r) {
+  if constexpr (sizeof(T) == 4) {
+    return fp::from_bits(static_cast<std::uint32_t>(r));
+  } else {
+    return to_float(T{static_cast<std::uint16_t>(r)});
+  }
+}
 
 //! Largest |x| over the finite elements of x[0, n) (0 if none), n a multiple of 16. O(n), one read
 //! of x, as four streams a quarter of x apart: one core reads more from memory over several
@@ -1852,13 +1864,13 @@ QCOLL_AVX2 inline float absmax_finite(const T* x, std::size_t n) {
   const int inf = sizeof(T) == 4 ? 0x7f800000 : std::is_same<T, half>::value ? 0x7c00 : 0x7f80;
   if constexpr (sizeof(T) == 4) {
     const int r = reduce<true>(m);
-    if (r < inf) return fp::from_bits(static_cast<std::uint32_t>(r));
+    if (r < inf) return pattern_value<T>(r);
     m = i32x8{};
     for (std::size_t i = 0; i < n; i += 8) {
       const i32x8 a = (i32x8)load(x + i) & 0x7fffffff;
       m = vmax(m, a & (a < inf));
     }
-    return fp::from_bits(static_cast<std::uint32_t>(reduce<true>(m)));
+    return pattern_value<T>(reduce<true>(m));
   } else {
     int r = reduce_i16<true>((i16x16)m);  // lanes in [0, 0x7fff]
     if (r >= inf) {
@@ -1872,31 +1884,20 @@ QCOLL_AVX2 inline float absmax_finite(const T* x, std::size_t n) {
       }
       r = reduce_i16<true>(w);
     }
-    return to_float(T{static_cast<std::uint16_t>(r)});
+    return pattern_value<T>(r);
   }
 }
 
 //! The largest |x| patterns of the n <= 8 blocks of 16 at p (lane k: block k's, NaN and ±Inf
-//! included; zero from lane n on), also stored at e as entries of entry_bytes<T>() bytes. A whole
-//! group prefetches as absmax_finite does.
+//! included; zero from lane n on), also stored at e, sizeof(T) bytes each. A whole group
+//! prefetches as absmax_finite does.
 template <class F, class T>
 QCOLL_AVX2_INLINE i32x8 group_entries(const T* p, std::size_t n, unsigned char* e) {
   constexpr bool w16 = sizeof(T) == 2;
-  constexpr std::size_t group_bytes = 8 * F::block * sizeof(T);
+  if (n == 8)
+    prefetch_lines<8 * F::block * sizeof(T)>(reinterpret_cast<const char*>(p) + stream_prefetch_ahead);
   i32x8 part[8];
-  if (n == 8) {
-    const char* q = reinterpret_cast<const char*>(p) + stream_prefetch_ahead;
-    QCOLL_UNROLL
-    for (std::size_t line = 0; line < group_bytes; line += 64) {
-      __builtin_prefetch(q + line);
-      __builtin_prefetch(q + l2_prefetch_further + line, 0, 2);
-    }
-    QCOLL_UNROLL
-    for (std::size_t k = 0; k < 8; ++k) part[tree_slot(k)] = absmax_lanes(p + k * F::block, F::block);
-  } else {
-    for (std::size_t k = 0; k < 8; ++k) part[k] = i32x8{};
-    for (std::size_t k = 0; k < n; ++k) part[tree_slot(k)] = absmax_lanes(p + k * F::block, F::block);
-  }
+  group_parts<F>(p, n, part);
   const i32x8 z = lane_tree<w16>(part);  // lane k: block k's largest |x| pattern
   if constexpr (w16) {
     store_prefix(e,
@@ -1923,7 +1924,7 @@ QCOLL_AVX2_INLINE i32x8 group_entries(const T* p, std::size_t n, unsigned char* 
 template <class F, class T>
 QCOLL_AVX2 inline float absmax_entries(const T* x, std::size_t nblocks, unsigned char* codes) {
   static_assert(F::block == 16 && group_blocks<F>() == 8, "groups of eight blocks of 16");
-  constexpr std::size_t code_bytes = F::block * F::code_bits / 8, eb = entry_bytes<T>();
+  constexpr std::size_t code_bytes = F::block * F::code_bits / 8, eb = sizeof(T);
   constexpr int inf = sizeof(T) == 4 ? 0x7f800000 : std::is_same<T, half>::value ? 0x7c00 : 0x7f80;
   const RunStreams rs = run_streams<F, T>(nblocks);
   i32x8 m{};
@@ -1946,12 +1947,7 @@ QCOLL_AVX2 inline float absmax_entries(const T* x, std::size_t nblocks, unsigned
   }
   const int r = reduce<true>(m);
   // a block holding NaN or ±Inf: the finite values' maximum by absmax_finite (another read)
-  if (r >= inf) return absmax_finite(x, nblocks * F::block);
-  if constexpr (sizeof(T) == 4) {
-    return fp::from_bits(static_cast<std::uint32_t>(r));
-  } else {
-    return to_float(T{static_cast<std::uint16_t>(r)});
-  }
+  return r >= inf ? absmax_finite(x, nblocks * F::block) : pattern_value<T>(r);
 }
 
 //! Whether Codec<F> decodes codes by table look-up (minifloat codes).
