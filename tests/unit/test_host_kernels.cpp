@@ -497,6 +497,23 @@ TEST_CASE("NVFP4 block maxima kept in the codes between the two passes: the port
   CHECK(nvfp4_entries_mismatches<half>() == 0u);
 }
 
+#if QCOLL_HOST_AVX2_DISPATCH
+// NVFP4's encoder has an FMA variant (its E2M1 codes), which the tests above run where the
+// processor has FMA; here the one a processor without FMA runs, on the same inputs.
+TEST_CASE("NVFP4 without FMA: the portable loops' bytes") {
+  struct WithoutFma {
+    WithoutFma() { host::detail::avx2::encode_without_fma() = true; }
+    ~WithoutFma() { host::detail::avx2::encode_without_fma() = false; }
+  } without;
+  CHECK_FALSE(host::detail::avx2::encode_fma());
+  CHECK(nvfp4_entries_mismatches<float>() == 0u);
+  CHECK(nvfp4_entries_mismatches<bfloat16>() == 0u);
+  CHECK(nvfp4_entries_mismatches<half>() == 0u);
+  check_nvfp4_scales_near_normal_min<float>();
+  check_nvfp4_scales_near_normal_min<bfloat16>();
+}
+#endif
+
 // MX kernels scale by 2^-X in one multiplication where the scalar functions take two: the codes
 // are the same, also where the scaled value falls below the smallest normal float. Blocks with
 // absmax from 2 to 2^101 (X > 0 for most) holding values scaled to around and below 2^-126,
