@@ -43,6 +43,10 @@ foreach(rel IN LISTS files)
   # An asm statement with an empty template emits no instruction (the host kernels use such
   # statements to keep constants in registers): the host compiler gives it its meaning unchanged.
   string(REGEX REPLACE "(asm|__asm__)[ \t]*(volatile[ \t]*)?\\([ \t]*\"\"" "empty_asm(" checked "${text}")
+  # The host kernels' one x86 instruction (fused_mul_add's vfmadd213ps, in code that runs only
+  # where the processor has FMA) is host code, which the emulation runs natively: unchanged too.
+  string(REGEX REPLACE "(asm|__asm__)[ \t]*(volatile[ \t]*)?\\([ \t]*\"vfmadd213ps " "host_asm(" checked
+         "${checked}")
   string(REGEX MATCH "[^A-Za-z0-9_](asm|__asm__)[ \t]*(volatile[ \t]*)?\\(" leftover "${checked}")
   if(leftover)
     message(FATAL_ERROR "qcoll-emu: ${src} holds inline assembly the CPU emulation cannot run "

@@ -1085,6 +1085,20 @@ QCOLL_AVX2_INLINE void store_codes32(i8x32 c, unsigned char* out, bool stream = 
   }
 }
 
+//! store_codes32<4, true, true> of c0 (codes 0 to 31) and c1 (32 to 63) with one byte pack, one
+//! permutation and one store for the two. NVFP4 quantize of bfloat16 input 1.03x faster in the
+//! caches and from memory; with fp32 and half input (codes in element order) 0.88-0.94x, so
+//! those keep 32 codes per step.
+QCOLL_AVX2_INLINE void store_codes64(i8x32 c0, i8x32 c1, unsigned char* out) {
+  const i8x32 f = {1, 16, 1, 16, 1, 16, 1, 16, 1, 16, 1, 16, 1, 16, 1, 16,
+                   1, 16, 1, 16, 1, 16, 1, 16, 1, 16, 1, 16, 1, 16, 1, 16};
+  // 4 bytes per 8 codes: c0's first two groups of each half, then c1's
+  const i32x8 p = (i32x8)__builtin_ia32_packuswb256(__builtin_ia32_pmaddubsw256(c0, f),
+                                                    __builtin_ia32_pmaddubsw256(c1, f));
+  const i32x8 q = __builtin_shufflevector(p, p, 0, 4, 1, 5, 2, 6, 3, 7);
+  std::memcpy(out, &q, sizeof q);
+}
+
 //! The eight Bits-bit codes (4 or 8 bits; 6-bit codes: fp6_as_half) of elements [j, j + 8) of a
 //! packed block, one per 32-bit lane: zero- or (Signed) sign-extended.
 template <unsigned Bits, bool Signed = false>
@@ -1432,8 +1446,20 @@ QCOLL_AVX2_INLINE void encode_group(const T* x, std::size_t count, const B& b, u
       const T* xk = x + k * F::block;
       encode32<F, Fma>(e, e, xk, xk + 16, codes + k * code_bytes, stream);
     }
-  } else if constexpr (F::block == 16) {  // two blocks per 32 codes
-    for (std::size_t k = 0; k < count; k += 2) {
+  } else if constexpr (F::block == 16) {  // two blocks per 32 codes (bfloat16: four per 64 first)
+    static_assert(F::code_bits == 4, "NVFP4's 4-bit codes");
+    std::size_t k = 0;
+    if constexpr (paired_load<T>) {
+      for (; k + 4 <= count; k += 4) {
+        const T* xk = x + k * F::block;
+        prefetch_next<F>(xk, ahead);
+        prefetch_next<F>(xk + 32, ahead);
+        const i8x32 c0 = codes32<C, T, false, Fma>(Enc{b[k]}, Enc{b[k + 1]}, xk, xk + 16);
+        const i8x32 c1 = codes32<C, T, false, Fma>(Enc{b[k + 2]}, Enc{b[k + 3]}, xk + 32, xk + 48);
+        store_codes64(c0, c1, codes + k * code_bytes);
+      }
+    }
+    for (; k < count; k += 2) {
       const Enc e0{b[k]};
       const T* xk = x + k * F::block;
       unsigned char* out = codes + k * code_bytes;
