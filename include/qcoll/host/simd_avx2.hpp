@@ -1158,7 +1158,7 @@ inline std::size_t prefetch_ahead() {
 inline constexpr std::size_t l2_prefetch_further = 4096;
 
 //! Prefetches the lines of q[0, Bytes) into L1, and those l2_prefetch_further bytes beyond into L2
-//! (prefetch_next, absmax_entries).
+//! (prefetch_next).
 template <std::size_t Bytes>
 QCOLL_AVX2_INLINE void prefetch_lines(const char* q) {
   QCOLL_UNROLL
@@ -2055,8 +2055,12 @@ QCOLL_AVX2 inline float absmax_finite(const T* x, std::size_t n) {
 template <class F, class T>
 QCOLL_AVX2_INLINE i32x8 group_entries(const T* p, std::size_t n, unsigned char* e) {
   constexpr bool w16 = sizeof(T) == 2;
+  // each line into L1 only: with L2 requests further on as well (prefetch_lines), this pass took
+  // 1.1-1.2x as long from memory, and NVFP4 quantize 1.01-1.04x (bf16), 1.03-1.05x (half) and
+  // 1.05-1.06x (fp32; AMD EPYC, side by side, both orders)
   if (n == 8)
-    prefetch_lines<8 * F::block * sizeof(T)>(reinterpret_cast<const char*>(p) + stream_prefetch_ahead);
+    for (std::size_t line = 0; line < 8 * F::block * sizeof(T); line += 64)
+      __builtin_prefetch(reinterpret_cast<const char*>(p) + stream_prefetch_ahead + line);
   i32x8 part[8];
   group_parts<F>(p, n, part);
   const i32x8 z = lane_tree<w16>(part);  // lane k: block k's largest |x| pattern
