@@ -273,18 +273,8 @@ inline std::uint32_t quantize_blocks_impl(std::size_t n, Source&& src, void* out
           const auto redo = [&](std::size_t k) {
             encode(b + k, BlockSource<T>{s0.ptr + k * F::block, F::block});
           };
-          const auto redo_of = avx2::BlockRedo::of(redo);
-          unsigned char* const run_codes = codes + b * L::block_code_bytes;
-          unsigned char* const run_metas = metas + b * F::meta_bytes;
-          if constexpr (has_message_scale<F>) {  // NVFP4: its E2M1 codes with FMA where there is one
-            if (avx2::encode_fma()) {
-              avx2::encode_full_run<F, T, true>(s0.ptr, end - b, mscale, run_codes, run_metas, stream,
-                                                redo_of);
-              b = end;
-              continue;
-            }
-          }
-          avx2::encode_full_run<F>(s0.ptr, end - b, mscale, run_codes, run_metas, stream, redo_of);
+          avx2::encode_full_run<F>(s0.ptr, end - b, mscale, codes + b * L::block_code_bytes,
+                                   metas + b * F::meta_bytes, stream, avx2::BlockRedo::of(redo));
           b = end;
           continue;
         }

@@ -985,13 +985,13 @@ QCOLL_AVX2_INLINE i8x32 in_order(i32x8 b) {
 }
 
 //! Codes of 32-bit lanes to bytes in element order, 4 vectors at a time: codes in [0, 255], or
-//! (Signed) in [-128, 127], stored as their low byte. Paired: see in_order. Order = false: in the
-//! packs' order (in_order left to the caller).
-template <bool Signed, bool Paired = false, bool Order = true>
+//! (Signed) in [-128, 127], stored as their low byte. Paired (the vectors held elements as load16
+//! pairs them): left in the packs' order, which store_codes32<..., true> puts in element order.
+template <bool Signed, bool Paired = false>
 QCOLL_AVX2_INLINE i8x32 bytes32(i32x8 c0, i32x8 c1, i32x8 c2, i32x8 c3) {
   const i16x16 lo = __builtin_ia32_packssdw256(c0, c1), hi = __builtin_ia32_packssdw256(c2, c3);
   const i32x8 b = (i32x8)(Signed ? __builtin_ia32_packsswb256(lo, hi) : __builtin_ia32_packuswb256(lo, hi));
-  return Order ? in_order<Paired>(b) : (i8x32)b;
+  return Paired ? (i8x32)b : in_order<false>(b);
 }
 
 //! The 32 code bytes of four vectors of words code + 0x8700 (Codec<AsymmetricInt>::Estimate) or
@@ -1014,8 +1014,8 @@ QCOLL_AVX2_INLINE i8x32 word_bytes32(i32x8 w0, i32x8 w1, i32x8 w2, i32x8 w3) {
 //! [Bias, 2^15)) with the sign bits of `sg` (one byte per code, in the packs' order: the sign is the
 //! byte's top bit) in bit Bits - 1. The bias comes off after the first pack; magnitudes are then at
 //! most 127, or (Max < 127) clamped to Max (larger ones, up to 2^15 - 1, pack to 255 first).
-//! Paired, Order: see bytes32.
-template <unsigned Bits, bool Paired = false, int Bias = 0, int Max = 127, bool Order = true>
+//! Paired: see bytes32.
+template <unsigned Bits, bool Paired = false, int Bias = 0, int Max = 127>
 QCOLL_AVX2_INLINE i8x32 signed_bytes32(i32x8 m0, i32x8 m1, i32x8 m2, i32x8 m3, i8x32 sg) {
   i16x16 lo = __builtin_ia32_packssdw256(m0, m1), hi = __builtin_ia32_packssdw256(m2, m3);
   if constexpr (Bias != 0) {
@@ -1031,7 +1031,7 @@ QCOLL_AVX2_INLINE i8x32 signed_bytes32(i32x8 m0, i32x8 m1, i32x8 m2, i32x8 m3, i
 #endif
   }
   const i8x32 sign = Bits == 8 ? (i8x32)(sg & (char)0x80) : (i8x32)((sg < 0) & (char)(1 << (Bits - 1)));
-  return Order ? in_order<Paired>((i32x8)(mag | sign)) : mag | sign;
+  return Paired ? mag | sign : in_order<false>((i32x8)(mag | sign));
 }
 
 //! The sign bytes of signed_bytes32 for the values y0..y3 (or, of bfloat16 input, w0 and w1):
@@ -1048,10 +1048,10 @@ QCOLL_AVX2_INLINE i8x32 sign_bytes(i16x16 w0, i16x16 w1) { return __builtin_ia32
 //! 32, 24 or 16 bytes (a little-endian bit stream; 4-bit codes two to a byte, element 2k low).
 //! stream: 8-bit codes with non-temporal stores (out 16-byte aligned; the caller fences). Clean:
 //! the bytes are codes already (below 2^Bits; minifloat codes), so their high bits need no clearing.
-//! Paired: c holds the codes in the order that the packs leave those of paired loads (bytes32 with
-//! Order = false), which 4-bit codes put in element order with the permutation that gathers their
-//! packed bytes (one instead of two: quantize of bfloat16 input in the caches, int4 at blocks 32
-//! and 256 1.04-1.07x faster, NVFP4 1.02x; AMD EPYC, side by side, both orders of the two builds).
+//! Paired: c holds the codes in the order that the packs leave those of paired loads (bytes32),
+//! which 4-bit codes put in element order with the permutation that gathers their packed bytes
+//! (one instead of two: quantize of bfloat16 input in the caches, int4 at blocks 32 and 256
+//! 1.04-1.07x faster, NVFP4 1.02x; AMD EPYC, side by side, both orders of the two builds).
 template <unsigned Bits, bool Clean = false, bool Paired = false>
 QCOLL_AVX2_INLINE void store_codes32(i8x32 c, unsigned char* out, bool stream = false) {
   if constexpr (Paired && Bits != 4) {
@@ -1157,17 +1157,6 @@ inline std::size_t prefetch_ahead() {
 //! for most formats, but left the asymmetric integers at block 256 0.94-0.97x.
 inline constexpr std::size_t l2_prefetch_further = 4096;
 
-//! Prefetches the lines of q[0, Bytes) into L1, and those l2_prefetch_further bytes beyond into L2
-//! (prefetch_next).
-template <std::size_t Bytes>
-QCOLL_AVX2_INLINE void prefetch_lines(const char* q) {
-  QCOLL_UNROLL
-  for (std::size_t line = 0; line < Bytes; line += 64) {
-    __builtin_prefetch(q + line);
-    __builtin_prefetch(q + l2_prefetch_further + line, 0, 2);  // prefetcht1: into L2
-  }
-}
-
 //! Prefetches the lines of the 32 elements of T that lie `ahead` (prefetch_ahead<T>()) bytes past the
 //! group of F that holds p[0, 32), and those l2_prefetch_further bytes beyond into L2.
 //! encode_full_run reads each group twice, for its statistics and to encode it; the second read
@@ -1178,8 +1167,12 @@ QCOLL_AVX2_INLINE void prefetch_lines(const char* q) {
 //! statistics loop, 1.09-1.28x from memory at block 2048, 1.01-1.15x at 256, level at 32 (AMD EPYC).
 template <class F, class T>
 QCOLL_AVX2_INLINE void prefetch_next(const T* p, std::size_t ahead) {
-  prefetch_lines<32 * sizeof(T)>(reinterpret_cast<const char*>(p) + ahead +
-                                 group_blocks<F>() * F::block * sizeof(T));
+  const char* q = reinterpret_cast<const char*>(p) + ahead + group_blocks<F>() * F::block * sizeof(T);
+  QCOLL_UNROLL
+  for (std::size_t line = 0; line < 32 * sizeof(T); line += 64) {
+    __builtin_prefetch(q + line);
+    __builtin_prefetch(q + l2_prefetch_further + line, 0, 2);  // prefetcht1: into L2
+  }
 }
 
 //! Whether load16 pairs the elements of T: bfloat16 widens by interleaving with zero words (one
@@ -1216,10 +1209,11 @@ QCOLL_AVX2_INLINE void load16_split(const bfloat16* p, f32x8& a, f32x8& b) {
   b = (f32x8)(v & static_cast<int>(0xffff0000u));
 }
 
-//! 32 codes as bytes in element order: p0[0, 16) scaled with e0, p1[0, 16) with e1, blocks whose
-//! a factor is 1 (encode_group). Formats with exact_scale leave out Enc::code's clamp (see Codec).
-//! Order = false: in the packs' order (see bytes32). Fma: see e2m1_magnitude.
-template <class C, class T, bool Order = true, bool Fma = false>
+//! 32 codes as bytes in element order, or in the packs' order of paired loads (paired_load<T>,
+//! see bytes32): p0[0, 16) scaled with e0, p1[0, 16) with e1, blocks whose a factor is 1
+//! (encode_group). Formats with exact_scale leave out Enc::code's clamp (see Codec). Fma: see
+//! e2m1_magnitude.
+template <class C, class T, bool Fma = false>
 QCOLL_AVX2_INLINE i8x32 codes32(const typename C::Enc& e0, const typename C::Enc& e1, const T* p0,
                                 const T* p1) {
   constexpr bool Clamp = !C::exact_scale;
@@ -1241,25 +1235,23 @@ QCOLL_AVX2_INLINE i8x32 codes32(const typename C::Enc& e0, const typename C::Enc
       i16x16 w0, w1;
       std::memcpy(&w0, p0, sizeof w0);
       std::memcpy(&w1, p1, sizeof w1);
-      return signed_bytes32<C::code_bits_of, true, Enc::bias, max, Order>(c0, c1, c2, c3, sign_bytes(w0, w1));
+      return signed_bytes32<C::code_bits_of, true, Enc::bias, max>(c0, c1, c2, c3, sign_bytes(w0, w1));
     } else {
-      return signed_bytes32<C::code_bits_of, false, Enc::bias, max, Order>(c0, c1, c2, c3,
-                                                                           sign_bytes(y0, y1, y2, y3));
+      return signed_bytes32<C::code_bits_of, false, Enc::bias, max>(c0, c1, c2, c3,
+                                                                    sign_bytes(y0, y1, y2, y3));
     }
   } else {
-    return bytes32<C::signed_codes, paired_load<T>, Order>(c0, c1, c2, c3);
+    return bytes32<C::signed_codes, paired_load<T>>(c0, c1, c2, c3);
   }
 }
 
-//! codes32 of F written at out by store_codes32 (stream: see there), which takes the packs' order
-//! of paired loads as it is. Fma: see e2m1_magnitude.
+//! codes32 of F written at out by store_codes32 (stream: see there). Fma: see e2m1_magnitude.
 template <class F, bool Fma = false, class T>
 QCOLL_AVX2_INLINE void encode32(const typename Codec<F>::Enc& e0, const typename Codec<F>::Enc& e1,
                                 const T* p0, const T* p1, unsigned char* out, bool stream = false) {
   using C = Codec<F>;
   constexpr bool paired = paired_load<T>;  // minifloat codes are clean: see encode_group
-  store_codes32<F::code_bits, C::sign_from_input, paired>(codes32<C, T, !paired, Fma>(e0, e1, p0, p1), out,
-                                                          stream);
+  store_codes32<F::code_bits, C::sign_from_input, paired>(codes32<C, T, Fma>(e0, e1, p0, p1), out, stream);
 }
 
 //! Whether encode_group computes F's codes of T input on the 16-bit patterns (Mx16): MX formats
@@ -1454,8 +1446,8 @@ QCOLL_AVX2_INLINE void encode_group(const T* x, std::size_t count, const B& b, u
         const T* xk = x + k * F::block;
         prefetch_next<F>(xk, ahead);
         prefetch_next<F>(xk + 32, ahead);
-        const i8x32 c0 = codes32<C, T, false, Fma>(Enc{b[k]}, Enc{b[k + 1]}, xk, xk + 16);
-        const i8x32 c1 = codes32<C, T, false, Fma>(Enc{b[k + 2]}, Enc{b[k + 3]}, xk + 32, xk + 48);
+        const i8x32 c0 = codes32<C, T, Fma>(Enc{b[k]}, Enc{b[k + 1]}, xk, xk + 16);
+        const i8x32 c1 = codes32<C, T, Fma>(Enc{b[k + 2]}, Enc{b[k + 3]}, xk + 32, xk + 48);
         store_codes64(c0, c1, codes + k * code_bytes);
       }
     }
@@ -1787,8 +1779,8 @@ QCOLL_AVX2_INLINE RunStreams run_streams(std::size_t nblocks) {
 //! bfloat16 input, whose maximum is one of its elements). The codes
 //! of block j overlap only the maxima of blocks i <= j (for entry bytes e below the code bytes c of
 //! a block, the codes end at (j + 1) c, and i e + m (c - e) < (j + 1) c gives i < j + 1 as j < m), so
-//! that encode_full_run, which reads a group's maxima before it writes the codes of the group
-//! before it, reads every maximum before any code overwrites it.
+//! that encode_kept, which reads a chunk's maxima before it writes the chunk's codes, reads every
+//! maximum before any code overwrites it.
 template <class F, class T>
 QCOLL_AVX2_INLINE unsigned char* entries_of(unsigned char* codes, std::size_t m) {
   constexpr std::size_t code_bytes = F::block * F::code_bits / 8;
@@ -1925,14 +1917,18 @@ QCOLL_AVX2_INLINE void encode_kept(const T* x, std::size_t count, const unsigned
 //! only. stream: codes written with non-temporal stores where they are 8 bits (codes 16-byte
 //! aligned; the caller fences). F with a message scale (NVFP4): the caller has run absmax_entries
 //! over the same run, whose block maxima in the codes the metas read instead of the input, in
-//! chunks of blocks instead of groups (encode_kept; redo(k) after block k's chunk). Fma: the FMA
-//! variant (NVFP4, where encode_fma() holds; see e2m1_magnitude).
+//! chunks of blocks instead of groups (encode_kept; redo(k) after block k's chunk), and with FMA
+//! where encode_fma() holds (the instance with Fma = true; see e2m1_magnitude).
 //! One instance per (F, T), whatever the caller's redo.
 template <class F, class T, bool Fma = false>
 QCOLL_AVX2 inline void encode_full_run(const T* x, std::size_t nblocks, float message_scale,
                                        unsigned char* codes, unsigned char* meta, bool stream,
                                        BlockRedo redo) {
   static_assert(!Codec<F>::range, "range formats go through encode_full_blocks");
+  if constexpr (has_message_scale<F> && !Fma) {
+    if (encode_fma())
+      return encode_full_run<F, T, true>(x, nblocks, message_scale, codes, meta, stream, redo);
+  }
   constexpr std::size_t G = group_blocks<F>();
   constexpr std::size_t code_bytes = F::block * F::code_bits / 8;
   const std::size_t ahead = prefetch_ahead<T>();
@@ -2055,7 +2051,7 @@ QCOLL_AVX2 inline float absmax_finite(const T* x, std::size_t n) {
 template <class F, class T>
 QCOLL_AVX2_INLINE i32x8 group_entries(const T* p, std::size_t n, unsigned char* e) {
   constexpr bool w16 = sizeof(T) == 2;
-  // each line into L1 only: with L2 requests further on as well (prefetch_lines), this pass took
+  // each line into L1 only: with L2 requests further on as well (as prefetch_next), this pass took
   // 1.1-1.2x as long from memory, and NVFP4 quantize 1.01-1.04x (bf16), 1.03-1.05x (half) and
   // 1.05-1.06x (fp32; AMD EPYC, side by side, both orders)
   if (n == 8)
@@ -2076,8 +2072,8 @@ QCOLL_AVX2_INLINE i32x8 group_entries(const T* p, std::size_t n, unsigned char* 
 }
 
 //! absmax_finite of a run of `nblocks` full blocks of F at x that also leaves each block's largest
-//! |x| (NaN and ±Inf included) in the run's code bytes at `codes`, where encode_full_run (entries =
-//! true) reads them instead of reducing the blocks again (entries_of, per stream of run_streams),
+//! |x| (NaN and ±Inf included) in the run's code bytes at `codes`, where encode_full_run
+//! (encode_kept) reads them instead of reducing the blocks again (entries_of, per stream of run_streams),
 //! so that its encode pass is left with the arithmetic of the codes. F with a message scale (NVFP4:
 //! blocks of 16, groups of 8). One read of x, as four streams a quarter of each stream of
 //! run_streams apart, O(n); the maxima take a sixteenth of the input's bytes (fp32: float bits;
