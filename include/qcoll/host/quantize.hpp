@@ -261,6 +261,14 @@ inline std::uint32_t quantize_blocks_impl(std::size_t n, Source&& src, void* out
     bad |= encode_block<F>(s.ptr, s.valid, mscale, opt, opt.index_base + b * F::block,
                            codes + b * L::block_code_bytes, metas + b * F::meta_bytes);
   };
+#if QCOLL_HOST_AVX2_DISPATCH
+  // the asymmetric integers' groups left to the double arithmetic (redone below)
+  [[maybe_unused]] std::conditional_t<Simd, typename avx2::later_for<F, T>::type, char> later;
+  if constexpr (!std::is_same<decltype(later), char>::value) {
+    later.codes = codes;
+    later.metas = metas;
+  }
+#endif
   for (std::size_t b = 0; b < nb;) {
 #if QCOLL_HOST_AVX2_DISPATCH
     if constexpr (Simd) {
@@ -290,7 +298,7 @@ inline std::uint32_t quantize_blocks_impl(std::size_t n, Source&& src, void* out
         }
         if (count > 0) {
           const unsigned left = avx2::encode_full_blocks<F>(
-              ptr, count, mscale, codes + b * L::block_code_bytes, metas + b * F::meta_bytes);
+              ptr, count, mscale, codes + b * L::block_code_bytes, metas + b * F::meta_bytes, later);
           for (std::size_t k = 0; k < count; ++k)
             if (left & (1u << k)) encode(b + k, BlockSource<T>{ptr[k], F::block});
           b += count;
@@ -303,6 +311,7 @@ inline std::uint32_t quantize_blocks_impl(std::size_t n, Source&& src, void* out
     ++b;
   }
 #if QCOLL_HOST_AVX2_DISPATCH
+  avx2::flush_later(later);
   if (stream) avx2::fence();
 #endif
   MessageHeader h = make_header<F>(n, opt.tag);
