@@ -374,9 +374,10 @@ inline std::uint32_t quantize_identity_avx2(std::size_t n, Source&& src, void* o
 }
 #endif
 
-//! Writes a message of n elements whose block b reads from src(b) (a BlockSource<T>). The caller
-//! has checked `out` (packed_bytes<F>(n) bytes). Returns the header flags. O(n). On x86-64 it
-//! runs the AVX2 kernels when the processor has AVX2 and F16C.
+//! Writes a message of n elements whose block b reads from src(b) (a BlockSource<T>, whose input
+//! stays valid and unchanged for the call: the kernels may read a block again after later ones).
+//! The caller has checked `out` (packed_bytes<F>(n) bytes). Returns the header flags. O(n). On
+//! x86-64 it runs the AVX2 kernels when the processor has AVX2 and F16C.
 template <class F, class T, class Source>
 inline std::uint32_t quantize_blocks(std::size_t n, Source&& src, void* out, const QuantizeOptions& opt) {
 #if QCOLL_HOST_AVX2_DISPATCH
