@@ -287,21 +287,33 @@ inline std::uint32_t quantize_blocks_impl(std::size_t n, Source&& src, void* out
           continue;
         }
       } else {
-        // Groups of full blocks through the kernels; the others (and non-finite blocks) below.
+        // Groups of full blocks through the kernels, pipelined (each call gathers the next group's
+        // statistics before it encodes its own); the others (and non-finite blocks) below.
         constexpr std::size_t group = avx2::group_blocks<F>();
-        const T* ptr[group];
-        std::size_t count = 0;
-        for (; opt.rounding == Rounding::nearest && count < group && b + count < nb; ++count) {
-          const BlockSource<T> s = src(b + count);
-          if (s.valid != F::block) break;
-          ptr[count] = s.ptr;
-        }
+        const T* ptr[2][group];
+        const auto gather = [&](std::size_t from, const T** p) {
+          std::size_t count = 0;
+          for (; count < group && from + count < nb; ++count) {
+            const BlockSource<T> s = src(from + count);
+            if (s.valid != F::block) break;
+            p[count] = s.ptr;
+          }
+          return count;
+        };
+        std::size_t count = opt.rounding == Rounding::nearest ? gather(b, ptr[0]) : 0;
         if (count > 0) {
-          const unsigned left = avx2::encode_full_blocks<F>(
-              ptr, count, mscale, codes + b * L::block_code_bytes, metas + b * F::meta_bytes, later);
-          for (std::size_t k = 0; k < count; ++k)
-            if (left & (1u << k)) encode(b + k, BlockSource<T>{ptr[k], F::block});
-          b += count;
+          avx2::AsymStats st;
+          avx2::asym_stats<F>(ptr[0], count, metas + b * F::meta_bytes, st);
+          for (int cur = 0; count > 0; cur ^= 1) {  // a short group ends the run
+            const std::size_t next = b + count, next_count = count == group ? gather(next, ptr[cur ^ 1]) : 0;
+            const unsigned left = avx2::encode_full_blocks<F>(ptr[cur], count, st, ptr[cur ^ 1], next_count,
+                                                              metas + next * F::meta_bytes,
+                                                              codes + b * L::block_code_bytes, later);
+            for (std::size_t k = 0; k < count; ++k)
+              if (left & (1u << k)) encode(b + k, BlockSource<T>{ptr[cur][k], F::block});
+            b = next;
+            count = next_count;
+          }
           continue;
         }
       }

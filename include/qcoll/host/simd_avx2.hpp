@@ -1639,20 +1639,21 @@ inline void flush_later(AsymLater<F, T>& later) {
   if (later.n != 0) later.flush();
 }
 
-//! Encodes 1 <= `count` <= group_blocks<F>() full blocks (block k at x[k]) of a format whose meta reads
-//! lo and hi (the asymmetric integers) with nearest rounding into their packed codes (codes + k *
-//! code bytes) and meta bytes (meta + k * F::meta_bytes), exactly as encode_block does: vector
-//! statistics and make_meta one lane per block, vector encoding. Blocks holding NaN or ±Inf are
-//! left unwritten and returned as bits of the result (the caller runs encode_block for them).
-//! 16-bit input: groups whose codes the float estimate is unsure of wait in `later`, which the
-//! caller flushes after its last call (AsymLater).
+//! What encode_full_blocks needs of a group of blocks once their statistics are gathered: lane k
+//! of block k's offset lo and scale, the inverse of the scale in float, and the blocks left to the
+//! caller (bit k: those holding NaN or ±Inf). Float arrays, so that code built without AVX2 holds it.
+struct AsymStats {
+  alignas(32) float lo[8], scale[8], inv[8];
+  unsigned skipped;
+};
+
+//! The statistics and metas of 1 <= `count` <= group_blocks<F>() full blocks (block k at x[k]) of
+//! a format whose meta reads lo and hi (the asymmetric integers): vector statistics and make_meta
+//! one lane per block, written to `st` and, but for skipped blocks, to the meta bytes (meta + k *
+//! F::meta_bytes). O(count * F::block).
 template <class F, class T>
-QCOLL_AVX2 inline unsigned encode_full_blocks(const T* const* x, std::size_t count, float /*message_scale*/,
-                                              unsigned char* codes, unsigned char* meta,
-                                              AsymLater<F, T>& later) {
-  using C = Codec<F>;
-  static_assert(C::range, "the other formats go through encode_full_run");
-  constexpr std::size_t code_bytes = F::block * F::code_bits / 8;
+QCOLL_AVX2 inline void asym_stats(const T* const* x, std::size_t count, unsigned char* meta, AsymStats& st) {
+  static_assert(Codec<F>::range, "the other formats go through encode_full_run");
   // Statistics and metas of the whole group first, one lane per block: the patterns' extremes
   // (extreme_lanes, lane_tree), then the values they give, nonfinite blocks (a NaN or infinite
   // extreme), then F::make_meta's double arithmetic four blocks at a time.
@@ -1728,11 +1729,41 @@ QCOLL_AVX2 inline unsigned encode_full_blocks(const T* const* x, std::size_t cou
       if (!(skipped & (1u << k)))
         F::store_meta(typename F::Meta{scale[k], lo[k], 0.0}, meta + k * F::meta_bytes);
   }
+  const f32x8 inv_f = 1.0f / scale;  // read only for the blocks that are not slow (encode_full_blocks)
+  std::memcpy(st.lo, &lo, sizeof lo);
+  std::memcpy(st.scale, &scale, sizeof scale);
+  std::memcpy(st.inv, &inv_f, sizeof inv_f);
+  st.skipped = skipped;
+}
+
+//! Encodes the group of 1 <= `count` <= group_blocks<F>() full blocks (block k at x[k]) that `st`
+//! describes (asym_stats) with nearest rounding into their packed codes (codes + k * code bytes),
+//! exactly as encode_block does, and returns its skipped blocks (bit k; the caller runs
+//! encode_block for them). Pipelined: first, where next_count > 0, it gathers into `st` the
+//! statistics of the next group (next[k], metas at next_meta), so that their chain of reductions
+//! and divisions overlaps this group's encoding: quantize at block 32 1.06-1.10x faster from memory
+//! with fp32 input, 1.08-1.11x with 16-bit input (1.10-1.16x in the caches), blocks of 256 and 2048
+//! level (AMD EPYC, side by side, both orders). Its prefetches reach past the next group, whose
+//! lines the statistics read first (one group short, fp32 at block 2048 ran 0.82x as fast).
+//! 16-bit input: groups whose codes the float estimate is unsure of wait in `later`, which the
+//! caller flushes after its last call (AsymLater). O((count + next_count) * F::block).
+template <class F, class T>
+QCOLL_AVX2 inline unsigned encode_full_blocks(const T* const* x, std::size_t count, AsymStats& st,
+                                              const T* const* next, std::size_t next_count,
+                                              unsigned char* next_meta, unsigned char* codes,
+                                              AsymLater<F, T>& later) {
+  using C = Codec<F>;
+  constexpr std::size_t code_bytes = F::block * F::code_bits / 8;
+  f32x8 lo, scale, inv_f;
+  std::memcpy(&lo, st.lo, sizeof lo);
+  std::memcpy(&scale, st.scale, sizeof scale);
+  std::memcpy(&inv_f, st.inv, sizeof inv_f);
+  const unsigned skipped = st.skipped;
+  if (next_count > 0) asym_stats<F>(next, next_count, next_meta, st);
   using Est = typename C::Estimate;
   const unsigned slow = ~static_cast<unsigned>(__builtin_ia32_movmskps256(
       (f32x8)((scale >= f32x8{} + 0x1p-100f) & (scale <= f32x8{} + 0x1p100f))));  // NaN: slow
-  const f32x8 inv_f = 1.0f / scale;  // read only for the blocks that are not slow
-  const std::size_t ahead = prefetch_ahead<T>();
+  const std::size_t ahead = prefetch_ahead<T>() + group_blocks<F>() * F::block * sizeof(T);
   constexpr bool split = std::is_same<T, bfloat16>::value;
   std::size_t n_later = later.n;  // (a local: the stores of codes could alias later.n)
   for (std::size_t k = 0; k < count; ++k) {
