@@ -1579,7 +1579,7 @@ QCOLL_AVX2_INLINE void asym_redo(const T* x, const typename F::Meta& m, unsigned
                               codes);
 }
 
-//! The groups of 32 elements of 16-bit input whose codes encode_full_blocks wrote from the float
+//! The groups of 32 elements of bfloat16 input whose codes encode_full_blocks wrote from the float
 //! estimate where it is unsure of some lanes (Codec<AsymmetricInt>::Estimate): their input and
 //! their codes, gathered without a branch (every group is written to the next free entry, which
 //! only an unsure one keeps) and redone by flush() with asym_redo (the caller's flush, once its
@@ -1589,10 +1589,12 @@ QCOLL_AVX2_INLINE void asym_redo(const T* x, const typename F::Meta& m, unsigned
 //! of it, where only the double arithmetic tells the code), and a branch per group mispredicted
 //! about as often as it was taken. Quantize of bfloat16 input from memory against that branch
 //! (AMD EPYC, side by side, both orders of the two builds): int8 at block 32 1.10-1.13x faster,
-//! int4 at 32 1.10x, int8 at 256 1.17-1.19x, int8 and int4 at 2048 1.09-1.13x; half 0.99-1.07x.
-//! fp32 input, whose 24-bit significands make unsure groups rare (about 1 in 230 groups of 32 of
-//! normal data), keeps the branch. The inputs must stay valid until the flush (every Source's
-//! blocks do, for the call).
+//! int4 at 32 1.10x, int8 at 256 1.17-1.19x, int8 and int4 at 2048 1.09-1.13x. fp32 input, whose
+//! 24-bit significands make unsure groups rare (about 1 in 230 groups of 32 of normal data), keeps
+//! the branch, and so does half input (about 1 in 70): against AsymLater, once asym_redo no longer
+//! computed the estimate again, int8 at blocks 256 and 2048 1.06-1.09x faster, at 32 1.01-1.02x,
+//! int4 at 32 1.02x and at 2048 0.98-0.99x (from memory, both orders). The inputs must stay valid
+//! until the flush (every Source's blocks do, for the call).
 template <class F, class T>
 struct AsymLater {
   struct Group {
@@ -1741,7 +1743,7 @@ QCOLL_AVX2 inline void asym_stats(const T* const* x, std::size_t count, unsigned
 //! with fp32 input, 1.08-1.11x with 16-bit input (1.10-1.16x in the caches), blocks of 256 and 2048
 //! level (AMD EPYC, side by side, both orders). Its prefetches reach past the next group, whose
 //! lines the statistics read first (one group short, fp32 at block 2048 ran 0.82x as fast).
-//! 16-bit input: groups whose codes the float estimate is unsure of wait in `later`, which the
+//! bfloat16 input: groups whose codes the float estimate is unsure of wait in `later`, which the
 //! caller flushes after its last call (AsymLater). O((count + next_count) * F::block).
 template <class F, class T>
 QCOLL_AVX2 inline unsigned encode_full_blocks(const T* const* x, std::size_t count, AsymStats& st,
@@ -1777,13 +1779,13 @@ QCOLL_AVX2 inline unsigned encode_full_blocks(const T* const* x, std::size_t cou
       prefetch_next<F>(xk + j, ahead);
       const T* p = xk + j;
       unsigned char* out = codes + k * code_bytes + j * F::code_bits / 8;
-      // The float estimate's codes; groups where it is unsure wait in `later`
+      // The float estimate's codes; groups where it is unsure are redone (bfloat16: later)
       i32x8 t[4], w[4];
       asym_estimate(p, est, t);
       QCOLL_UNROLL
       for (int i = 0; i < 4; ++i) w[i] = t[i] >> 15;
       store_codes32<F::code_bits>(word_bytes32<split>(w[0], w[1], w[2], w[3]), out);
-      if constexpr (sizeof(T) == 4) {
+      if constexpr (!std::is_same<T, bfloat16>::value) {
         if (Est::unsure(t))
           if (Est::unsure(t)) asym_redo<F>(p, F::meta_from(scale[k], lo[k]), out);  // rare: see AsymLater
       } else {
