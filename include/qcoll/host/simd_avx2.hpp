@@ -1786,8 +1786,7 @@ QCOLL_AVX2 inline unsigned encode_full_blocks(const T* const* x, std::size_t cou
       for (int i = 0; i < 4; ++i) w[i] = t[i] >> 15;
       store_codes32<F::code_bits>(word_bytes32<split>(w[0], w[1], w[2], w[3]), out);
       if constexpr (!std::is_same<T, bfloat16>::value) {
-        if (Est::unsure(t))
-          if (Est::unsure(t)) asym_redo<F>(p, F::meta_from(scale[k], lo[k]), out);  // rare: see AsymLater
+        if (Est::unsure(t)) asym_redo<F>(p, F::meta_from(scale[k], lo[k]), out);  // rare: see AsymLater
       } else {
         later.group[n_later] = {p, out};
         n_later += Est::unsure(t);
