@@ -1335,6 +1335,14 @@ struct Mx16 {
                                     e2m1 ? (Fa::emin - 1 + E::bias) * (1 << mbits) + (1 << (mbits - 1)) : 0);
     __asm__("" : "+x"(top), "+x"(normal), "+x"(half_step), "+x"(one), "+x"(half_less), "+x"(three_quarters));
   }
+  //! Lane-wise minimum (vpminsw).
+  static QCOLL_AVX2_INLINE i16x16 min16(i16x16 a, i16x16 b) {
+#if defined(__clang__)
+    return __builtin_elementwise_min(a, b);
+#else
+    return __builtin_ia32_pminsw256(a, b);
+#endif
+  }
   //! Codes of sixteen magnitudes s (patterns less k), clamped to max_normal first as
   //! minifloat_magnitude does, rounded to nearest even; negative (code 0 once packed) below
   //! 2^emin. `sub` marks the lanes above half the smallest subnormal step and below 2^emin.
@@ -1342,11 +1350,7 @@ struct Mx16 {
   //! step; the tie rounds to the even 0), 1 above it, and 2 (the code of 2^emin) from 3/4 of 2^emin
   //! on (the tie rounds to the even 2).
   QCOLL_AVX2_INLINE i16x16 code(i16x16 s, i16x16& sub) const {
-#if defined(__clang__)
-    s = __builtin_elementwise_min(s, top);
-#else
-    s = __builtin_ia32_pminsw256(s, top);
-#endif
+    s = min16(s, top);
     const i16x16 c = (s + (((s >> drop) & one) + half_less)) >> drop;
     if constexpr (e2m1) {
       sub = i16x16{};
@@ -1382,7 +1386,7 @@ struct Mx16 {
       odd = low & (t != 0);
       return (s & ~low) | (low & (short)0x8000);
     } else if constexpr (is_half && !e2m1) {
-      return __builtin_ia32_pminsw256(s, (t == 0) ^ (short)0x7fff);  // zeros: -2^15
+      return min16(s, (t == 0) ^ (short)0x7fff);  // zeros: -2^15
     } else {
       return s;
     }
