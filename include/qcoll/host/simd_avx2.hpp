@@ -1365,17 +1365,19 @@ struct Mx16 {
   //! step 2^(emin - mbits - 1), where its code is 0 (the pattern of such an x plus n << mbits, less
   //! k, reads as less than 2^(n - bias + 1)).
   static constexpr int plain_n = bias - 2 + Fa::emin - E::mbits;
-  //! bfloat16: the largest n for which such an x reads below 2^emin (lanes that codes32 leaves to
-  //! the caller unless they are at most half the smallest step); E2M1, whose subnormal codes code()
-  //! counts: plain_n.
+  //! bfloat16 and half: the largest n for which such an x reads below 2^emin (lanes that codes32
+  //! leaves to the caller unless they are at most half the smallest step); E2M1, whose subnormal
+  //! codes code() counts: plain_n.
   static constexpr int max_n = e2m1 ? plain_n : bias - 1 + Fa::emin;
   //! The magnitudes of sixteen patterns x scaled by 2^n (shift = n << mbits, less k) as code()
   //! takes them, and in `odd` the lanes code() cannot serve: |x|'s pattern plus shift, none odd,
   //! but for half input: if n <= max_n (not Careful), zeros become -2^15 (code 0, not below
-  //! half_step) unless E2M1 (n <= plain_n: code 0 as they are), and nonzero subnormals read below
-  //! 2^emin, as subnormal codes or code 0 as they are (no implicit bit: their pattern plus shift
-  //! reads as less than 2^(n - 14), more than x * 2^n); if n > max_n (Careful), the same for zeros,
-  //! and nonzero subnormals are odd.
+  //! half_step) unless E2M1 (n <= plain_n: code 0 as they are), and nonzero subnormals stay as
+  //! they are: with no implicit bit their pattern plus shift reads as more than x * 2^n but less
+  //! than 2^(n - 14) <= 2^emin, so code() marks them, or gives code 0, which is then their code
+  //! too; if n > max_n (Careful), zeros the same, and nonzero subnormals are odd. The zeros' minimum
+  //! is there for speed: left to the caller, MXFP8 quantize of half input with a tenth of its
+  //! values zero ran 0.64x as fast.
   template <bool Careful>
   QCOLL_AVX2_INLINE i16x16 scaled(i16x16 x, short shift, i16x16& odd) const {
     const i16x16 t = x & 0x7fff;
@@ -1408,8 +1410,10 @@ struct Mx16 {
   //! taken by a saturating pack of the patterns, put in bit E::bits - 1. O(1), about 30 operations
   //! (half: 34, or 40 where n > max_n). MXFP4 quantize against codes32 (AMD EPYC, side by side, in
   //! the caches and from memory): bfloat16 input 1.25x faster, half 1.28x. Half input with n <=
-  //! max_n (most blocks of data near 1: MXFP8 E4M3's max_n is 8) against the handling of n > max_n
-  //! in every block: MXFP8 E4M3 quantize 1.13-1.16x faster in the caches, MXFP4 1.06x.
+  //! max_n (blocks of values near 1: MXFP8 E4M3's max_n is 8) against the handling of n > max_n in
+  //! every block: MXFP8 E4M3 quantize 1.10-1.13x faster from memory and in the caches (N(0, 1)
+  //! values, also with a tenth of them zero), 1.02-1.03x on bench_quantize's values (a third of
+  //! its blocks have n > max_n); MXFP4 level.
   QCOLL_AVX2_INLINE bool codes32(const T* p, int n, i8x32& out) const {
     if constexpr (is_half) {
       if (n > max_n) return codes32_of<true>(p, n, out);
