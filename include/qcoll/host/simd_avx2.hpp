@@ -139,6 +139,7 @@ QCOLL_AVX2_INLINE i32x8 splat(int v) { return i32x8{} + v; }
 QCOLL_AVX2_INLINE f32x8 splat_f(float v) { return f32x8{v, v, v, v, v, v, v, v}; }
 QCOLL_AVX2_INLINE i32x8 vmax(i32x8 a, i32x8 b) { return a > b ? a : b; }
 QCOLL_AVX2_INLINE i32x8 vmin(i32x8 a, i32x8 b) { return a < b ? a : b; }
+QCOLL_AVX2_INLINE i16x16 vmin(i16x16 a, i16x16 b) { return a < b ? a : b; }
 //! The unsigned bytes of v less m, saturated at 0 (vpsubusb).
 QCOLL_AVX2_INLINE i8x32 sub_sat_u8(i8x32 v, unsigned char m) {
 #if defined(__clang__)
@@ -1335,14 +1336,6 @@ struct Mx16 {
                                     e2m1 ? (Fa::emin - 1 + E::bias) * (1 << mbits) + (1 << (mbits - 1)) : 0);
     __asm__("" : "+x"(top), "+x"(normal), "+x"(half_step), "+x"(one), "+x"(half_less), "+x"(three_quarters));
   }
-  //! Lane-wise minimum (vpminsw).
-  static QCOLL_AVX2_INLINE i16x16 min16(i16x16 a, i16x16 b) {
-#if defined(__clang__)
-    return __builtin_elementwise_min(a, b);
-#else
-    return __builtin_ia32_pminsw256(a, b);
-#endif
-  }
   //! Codes of sixteen magnitudes s (patterns less k), clamped to max_normal first as
   //! minifloat_magnitude does, rounded to nearest even; negative (code 0 once packed) below
   //! 2^emin. `sub` marks the lanes above half the smallest subnormal step and below 2^emin.
@@ -1350,7 +1343,7 @@ struct Mx16 {
   //! step; the tie rounds to the even 0), 1 above it, and 2 (the code of 2^emin) from 3/4 of 2^emin
   //! on (the tie rounds to the even 2).
   QCOLL_AVX2_INLINE i16x16 code(i16x16 s, i16x16& sub) const {
-    s = min16(s, top);
+    s = vmin(s, top);
     const i16x16 c = (s + (((s >> drop) & one) + half_less)) >> drop;
     if constexpr (e2m1) {
       sub = i16x16{};
@@ -1391,7 +1384,7 @@ struct Mx16 {
       // took three and the zeros a blend of their own (MXFP8 quantize of half input where n >
       // max_n, E4M3 and E5M2, 1.03-1.04x faster from memory, both orders of the two builds)
       if constexpr (Careful) odd = (short)(-32768 + 0x3ff) > (i16x16)((u16x16)t + (unsigned short)0x7fff);
-      return min16(s, (t == 0) ^ (short)0x7fff);  // zeros: -2^15
+      return vmin(s, (t == 0) ^ (short)0x7fff);  // zeros: -2^15
     }
   }
   //! The codes of the 32 elements p[0, 32) of a block whose encode factor is 2^n, as codes32
@@ -1416,12 +1409,9 @@ struct Mx16 {
   //! values, also with a tenth of them zero), 1.02-1.03x on bench_quantize's values (a third of
   //! its blocks have n > max_n); MXFP4 level.
   QCOLL_AVX2_INLINE bool codes32(const T* p, int n, i8x32& out) const {
-    if constexpr (is_half) {
-      if (n > max_n) return codes32_of<true>(p, n, out);
-    } else {
-      if (n > max_n) return false;
-    }
-    return codes32_of<false>(p, n, out);
+    if (n <= max_n) return codes32_of<false>(p, n, out);
+    if constexpr (is_half) return codes32_of<true>(p, n, out);
+    return false;
   }
   //! codes32 for n <= max_n or (half) Careful.
   template <bool Careful>
